@@ -1,0 +1,88 @@
+// Shared CUDA helpers for every waveboost kernel path: element conversions,
+// error checks, device guard. Kernel templates include this; host code that
+// only dispatches includes src/cuda/cuda_paths.h instead.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "waveboost/attention.h"
+
+namespace waveboost::cuda {
+
+// log2(e): exp(x) == exp2(x * kLog2e); kernels fold it into the softmax scale.
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Element type <-> float, the accumulation type of every CUDA path.
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// DType -> element type, for the dispatch switches in each path's launcher file.
+template <DType kDType>
+struct ElementOf;
+template <>
+struct ElementOf<DType::kFloat16> { using type = __half; };
+template <>
+struct ElementOf<DType::kBFloat16> { using type = __nv_bfloat16; };
+template <>
+struct ElementOf<DType::kFloat32> { using type = float; };
+
+// First query row that sees key j under the bottom-right causal mask, and the
+// number of keys query row i sees (may be <= 0: the row sees nothing).
+__host__ __device__ __forceinline__ int64_t causal_keys_visible(int64_t row, const AttentionParams& p) {
+  const int64_t n = row + 1 + p.seqlen_k - p.seqlen_q;
+  return n < 0 ? 0 : (n > p.seqlen_k ? p.seqlen_k : n);
+}
+
+inline Status cuda_status(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return Status::Ok();
+  return Status::CudaError(std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+// Makes params.device_id current for the scope and restores the caller's device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) status_ = cuda_status(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  Status status_;
+};
+
+}  // namespace waveboost::cuda
+
+// Returns a CudaError Status from the enclosing function when `expr` fails.
+#define WAVEBOOST_CUDA_RETURN(expr)                                          \
+  do {                                                                       \
+    const cudaError_t wb_err_ = (expr);                                      \
+    if (wb_err_ != cudaSuccess) return ::waveboost::cuda::cuda_status(wb_err_, #expr); \
+  } while (0)

@@ -1,0 +1,197 @@
+"""The public Python API: framework detection, output allocation, streams.
+
+Kernels never see a framework: each adapter below allocates `out` (and `lse`)
+with the caller's own framework, finds the stream the caller is working on,
+and hands DLPack-capable tensors to the compiled module.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple, Optional
+
+from . import _waveboost
+
+BACKENDS = ("auto", "cpu", "naive", "simt", "wmma")
+
+
+class _Adapter(NamedTuple):
+    """How to allocate and find the stream for one framework's arrays."""
+
+    name: str
+    empty: Callable[[Any, tuple, str], Any]  # (like, shape, "like" | "float32") -> new array on like's device
+    stream: Callable[[Any], int]  # array -> cudaStream_t as int (0 on the CPU)
+    prepare: Callable[[Any], Any]  # array -> what nanobind receives
+    finish: Callable[[Any, int], None]  # (out array, stream) -> make the result safe to hand back
+
+
+def _noop_finish(out: Any, stream: int) -> None:
+    return None
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _numpy_adapter() -> _Adapter:
+    import numpy as np
+
+    def empty(like, shape, dtype):
+        return np.empty(shape, dtype=like.dtype if dtype == "like" else np.float32)
+
+    return _Adapter("numpy", empty, lambda x: 0, _identity, _noop_finish)
+
+
+def _torch_adapter() -> _Adapter:
+    import torch
+
+    def empty(like, shape, dtype):
+        return torch.empty(shape, dtype=like.dtype if dtype == "like" else torch.float32, device=like.device)
+
+    def stream(x):
+        return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+
+    # Forward only: DLPack refuses tensors that require grad, and no gradient flows through this call.
+    return _Adapter("torch", empty, stream, lambda x: x.detach(), _noop_finish)
+
+
+def _cupy_adapter() -> _Adapter:
+    import cupy
+
+    def empty(like, shape, dtype):
+        with like.device:
+            return cupy.empty(shape, dtype=like.dtype if dtype == "like" else cupy.float32)
+
+    def stream(x):
+        with x.device:
+            return cupy.cuda.get_current_stream().ptr
+
+    return _Adapter("cupy", empty, stream, _identity, _noop_finish)
+
+
+def _jax_adapter() -> _Adapter:
+    # Eager JAX through DLPack: inputs are made ready, the kernel runs on the
+    # legacy default stream, and that stream is synchronized before the output
+    # buffer is handed back to XLA (which knows nothing of our stream).
+    import jax.numpy as jnp
+
+    def empty(like, shape, dtype):
+        return jnp.empty(shape, dtype=like.dtype if dtype == "like" else jnp.float32, device=like.device)
+
+    def prepare(x):
+        return x.block_until_ready()
+
+    def finish(out, stream):
+        device_type, device_id = out.__dlpack_device__()
+        if int(device_type) == 2:  # kDLCUDA
+            _waveboost.stream_synchronize(int(device_id), stream)
+
+    return _Adapter("jax", empty, lambda x: 0, prepare, finish)
+
+
+def _adapter_for(x: Any, arg: str) -> _Adapter:
+    module = type(x).__module__.split(".")[0]
+    if module == "numpy":
+        return _numpy_adapter()
+    if module == "torch":
+        return _torch_adapter()
+    if module == "cupy":
+        return _cupy_adapter()
+    if module in ("jax", "jaxlib"):
+        return _jax_adapter()
+    raise TypeError(
+        f"{arg} must be a NumPy, PyTorch, CuPy or JAX array; got {type(x).__module__}.{type(x).__qualname__}"
+    )
+
+
+def _check_shape(x: Any, arg: str) -> tuple:
+    shape = tuple(getattr(x, "shape", ()))
+    if len(shape) != 4:
+        raise ValueError(f"{arg} must be a 4-D tensor (batch, seqlen, heads, head_dim); got shape {shape}")
+    return shape
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    out: Any = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+):
+    """Exact scaled dot-product attention, forward.
+
+    Args:
+        q: (batch, seqlen_q, heads, head_dim). Any strides with a unit last stride, so a
+            (batch, heads, seqlen, head_dim) PyTorch tensor is passed as ``x.transpose(1, 2)``.
+        k, v: (batch, seqlen_k, heads_kv, head_dim); ``heads % heads_kv == 0`` (GQA/MQA): query
+            head ``h`` reads kv head ``h // (heads // heads_kv)``.
+        causal: mask aligned bottom-right: query ``i`` sees keys ``j <= i + seqlen_k - seqlen_q``.
+            A query that sees no key outputs zeros (and LSE ``-inf``).
+        softmax_scale: multiplies ``q @ k^T``; defaults to ``1 / sqrt(head_dim)``.
+        out: optional preallocated output (same framework, device, dtype and shape as ``q``).
+        return_lse: also return the float32 (batch, heads, seqlen_q) natural-log logsumexp of
+            the scaled scores.
+        backend: "auto", "cpu", "naive", "simt" or "wmma" (see the README's backends table).
+
+    Returns:
+        ``out``, or ``(out, lse)`` when ``return_lse`` is true; arrays of ``q``'s framework.
+    """
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, one of {BACKENDS}; got {type(backend).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            try:
+                softmax_scale = float(softmax_scale)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}"
+                ) from None
+        softmax_scale = float(softmax_scale)
+        if not math.isfinite(softmax_scale):
+            raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    adapter = _adapter_for(q, "q")
+    for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
+        other = _adapter_for(t, name)
+        if other.name != adapter.name:
+            raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
+    shape = _check_shape(q, "q")
+    if out is None:
+        out = adapter.empty(q, shape, "like")
+    lse = adapter.empty(q, (shape[0], shape[2], shape[1]), "float32") if return_lse else None
+    stream = adapter.stream(q)
+    prep = adapter.prepare
+    _waveboost.forward(
+        prep(q), prep(k), prep(v), prep(out), None if lse is None else prep(lse),
+        bool(causal), softmax_scale, backend, stream,
+    )
+    adapter.finish(out, stream)
+    return (out, lse) if return_lse else out
+
+
+def resolve_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str = "auto") -> str:
+    """The backend ``attention`` would run for these tensors; ValueError says why if none can."""
+    adapter = _adapter_for(q, "q")
+    prep = adapter.prepare
+    return _waveboost.resolve_backend(prep(q), prep(k), prep(v), bool(causal), backend)
+
+
+def info() -> dict:
+    """Version, CUDA build facts, the GPUs seen and the backends this machine can run."""
+    gpus = [_waveboost.cuda_device_description(i) for i in range(_waveboost.cuda_device_count())]
+    backends = ["cpu"]
+    if _waveboost.cuda_compiled() and gpus:
+        backends += ["naive", "simt", "wmma"]
+    return {
+        "version": _waveboost.version(),
+        "cuda_compiled": bool(_waveboost.cuda_compiled()),
+        "cuda_architectures": _waveboost.cuda_architectures(),
+        "gpus": gpus,
+        "gpu": gpus[0] if gpus else None,
+        "backends": backends,
+    }

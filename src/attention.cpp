@@ -1,0 +1,212 @@
+// The C++ API: generic validation, backend selection and dispatch to the paths.
+#include "waveboost/attention.h"
+
+#include <cmath>
+#include <string>
+
+#include "cpu/cpu_attention.h"
+#ifdef WAVEBOOST_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_paths.h"
+#endif
+
+namespace waveboost {
+namespace {
+
+std::string str(int64_t x) { return std::to_string(x); }
+
+bool is_cuda_backend(Backend b) { return b == Backend::kNaive || b == Backend::kSimt || b == Backend::kWmma; }
+
+Status check_nonnegative(int64_t value, const char* name) {
+  if (value < 0) return Status::InvalidArgument(std::string(name) + " must be >= 0; got " + str(value));
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* version() { return WAVEBOOST_VERSION; }
+
+bool cuda_compiled() {
+#ifdef WAVEBOOST_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+const char* cuda_architectures() {
+#ifdef WAVEBOOST_WITH_CUDA
+  return WAVEBOOST_CUDA_ARCHS;
+#else
+  return "";
+#endif
+}
+
+int cuda_device_count() {
+#ifdef WAVEBOOST_WITH_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no GPU: not an error for the caller
+    return 0;
+  }
+  return count;
+#else
+  return 0;
+#endif
+}
+
+std::string cuda_device_description(int device) {
+#ifdef WAVEBOOST_WITH_CUDA
+  if (device < 0 || device >= cuda_device_count()) return "";
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return std::string(prop.name) + ", compute capability " + std::to_string(prop.major) + "." +
+         std::to_string(prop.minor);
+#else
+  (void)device;
+  return "";
+#endif
+}
+
+Status stream_synchronize(int device_id, void* stream) {
+#ifdef WAVEBOOST_WITH_CUDA
+  int previous = -1;
+  cudaGetDevice(&previous);
+  cudaError_t err = cudaSetDevice(device_id);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  if (previous >= 0) cudaSetDevice(previous);
+  if (err != cudaSuccess)
+    return Status::CudaError(std::string("cudaStreamSynchronize: ") + cudaGetErrorName(err) + ": " +
+                             cudaGetErrorString(err));
+  return Status::Ok();
+#else
+  (void)device_id;
+  (void)stream;
+  return Status::NotSupported("stream_synchronize needs CUDA, but this build of waveboost has no CUDA support");
+#endif
+}
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto: return "auto";
+    case Backend::kCPU: return "cpu";
+    case Backend::kNaive: return "naive";
+    case Backend::kSimt: return "simt";
+    case Backend::kWmma: return "wmma";
+  }
+  return "unknown";
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+  }
+  return "unknown";
+}
+
+bool parse_backend(const std::string& name, Backend* backend) {
+  for (Backend b : {Backend::kAuto, Backend::kCPU, Backend::kNaive, Backend::kSimt, Backend::kWmma}) {
+    if (name == backend_name(b)) {
+      *backend = b;
+      return true;
+    }
+  }
+  return false;
+}
+
+Status validate(const AttentionParams& p) {
+  for (auto [value, name] : {std::pair{p.batch, "batch"}, {p.seqlen_q, "seqlen_q"}, {p.seqlen_k, "seqlen_k"},
+                             {p.heads, "heads"}, {p.heads_kv, "heads_kv"}, {p.head_dim, "head_dim"}}) {
+    if (Status s = check_nonnegative(value, name); !s.ok()) return s;
+  }
+  if (p.head_dim < 1) return Status::InvalidArgument("head_dim must be >= 1; got " + str(p.head_dim));
+  if (p.heads_kv == 0 && p.heads > 0)
+    return Status::InvalidArgument("heads_kv must be >= 1 when heads > 0; got 0");
+  if (p.heads_kv > 0 && p.heads % p.heads_kv != 0)
+    return Status::InvalidArgument("heads (" + str(p.heads) + ") must be a multiple of heads_kv (" + str(p.heads_kv) +
+                                   ") for grouped-query attention");
+  if (!std::isfinite(p.softmax_scale))
+    return Status::InvalidArgument("softmax_scale must be a finite number; got " + std::to_string(p.softmax_scale));
+  const bool any_output = p.batch > 0 && p.seqlen_q > 0 && p.heads > 0;
+  const bool reads_kv = any_output && p.seqlen_k > 0;
+  if (any_output && p.q == nullptr) return Status::InvalidArgument("q is a null pointer");
+  if (any_output && p.out == nullptr) return Status::InvalidArgument("out is a null pointer");
+  if (reads_kv && (p.k == nullptr || p.v == nullptr)) return Status::InvalidArgument("k or v is a null pointer");
+  if (p.device_type != DeviceType::kCPU && p.device_type != DeviceType::kCUDA)
+    return Status::InvalidArgument("device_type must be kCPU or kCUDA");
+  switch (p.dtype) {
+    case DType::kFloat16:
+    case DType::kBFloat16:
+    case DType::kFloat32:
+    case DType::kFloat64:
+      break;
+    default:
+      return Status::InvalidArgument("dtype is not one of float16, bfloat16, float32, float64");
+  }
+  return Status::Ok();
+}
+
+Backend select_backend(const AttentionParams& p) {
+  if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
+  // On CUDA: tensor cores for half precision, CUDA cores for fp32, both at the
+  // specialized head dims; the naive path covers every other head dim.
+  const bool specialized = p.head_dim == 64 || p.head_dim == 128;
+  if (specialized && (p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16) &&
+      can_implement(p, Backend::kWmma).ok())
+    return Backend::kWmma;
+  if (specialized && can_implement(p, Backend::kSimt).ok()) return Backend::kSimt;
+  return Backend::kNaive;
+}
+
+Status can_implement(const AttentionParams& p, Backend backend) {
+  if (Status s = validate(p); !s.ok()) return s;
+  if (backend == Backend::kAuto) backend = select_backend(p);
+  if (backend == Backend::kCPU) {
+    if (p.device_type != DeviceType::kCPU)
+      return Status::InvalidArgument("backend 'cpu' needs tensors in host memory; got CUDA tensors");
+    return cpu::can_implement(p);
+  }
+  if (!is_cuda_backend(backend)) return Status::InvalidArgument("unknown backend");
+  if (p.device_type != DeviceType::kCUDA)
+    return Status::InvalidArgument(std::string("backend '") + backend_name(backend) +
+                                   "' runs on CUDA tensors; got tensors in host memory (use backend 'cpu' or 'auto')");
+#ifdef WAVEBOOST_WITH_CUDA
+  switch (backend) {
+    case Backend::kNaive: return cuda::naive_can_implement(p);
+    case Backend::kSimt: return cuda::simt_can_implement(p);
+    case Backend::kWmma: return cuda::wmma_can_implement(p);
+    default: break;
+  }
+  return Status::Internal("unreachable backend in can_implement");
+#else
+  return Status::NotSupported(std::string("backend '") + backend_name(backend) +
+                              "' needs CUDA, but this build of waveboost has no CUDA support "
+                              "(it was built without nvcc)");
+#endif
+}
+
+Status attention_forward(const AttentionParams& p, Backend backend, void* stream) {
+  if (backend == Backend::kAuto) backend = select_backend(p);
+  if (Status s = can_implement(p, backend); !s.ok()) return s;
+  if (p.batch == 0 || p.seqlen_q == 0 || p.heads == 0) return Status::Ok();
+  switch (backend) {
+    case Backend::kCPU: return cpu::attention_forward(p);
+#ifdef WAVEBOOST_WITH_CUDA
+    case Backend::kNaive: return cuda::naive_forward(p, stream);
+    case Backend::kSimt: return cuda::simt_forward(p, stream);
+    case Backend::kWmma: return cuda::wmma_forward(p, stream);
+#endif
+    default: break;
+  }
+  (void)stream;
+  return Status::Internal(std::string("no dispatch for backend '") + backend_name(backend) + "'");
+}
+
+}  // namespace waveboost

@@ -1,0 +1,15 @@
+// The CPU path: tiled online-softmax attention on the host (backend "cpu").
+#pragma once
+
+#include "waveboost/attention.h"
+
+namespace waveboost::cpu {
+
+// Why the CPU path cannot run `params` (dtype, device), or Ok.
+Status can_implement(const AttentionParams& params);
+
+// Runs synchronously on the calling thread plus a pool of worker threads.
+// Expects validate(params) and can_implement(params) to have passed.
+Status attention_forward(const AttentionParams& params);
+
+}  // namespace waveboost::cpu

@@ -1,0 +1,24 @@
+// Entry points of the CUDA paths, seen from the host-side dispatcher
+// (src/attention.cpp). Compiled only when CUDA is enabled (WAVEBOOST_WITH_CUDA).
+#pragma once
+
+#include "waveboost/attention.h"
+
+namespace waveboost::cuda {
+
+// Each can_implement says precisely why the path cannot run these params on
+// params.device_id (dtype, head dim, compute capability), or Ok.
+Status naive_can_implement(const AttentionParams& params);
+Status simt_can_implement(const AttentionParams& params);
+Status wmma_can_implement(const AttentionParams& params);
+
+// Launch on `stream` (a cudaStream_t) on params.device_id; asynchronous.
+// Expect validate(params) and the matching can_implement to have passed.
+Status naive_forward(const AttentionParams& params, void* stream);
+Status simt_forward(const AttentionParams& params, void* stream);
+Status wmma_forward(const AttentionParams& params, void* stream);
+
+// Compute capability (major * 10 + minor) of a device, or a CUDA error.
+Status compute_capability(int device_id, int* cc);
+
+}  // namespace waveboost::cuda
