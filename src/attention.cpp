@@ -16,7 +16,9 @@ namespace {
 
 std::string str(int64_t x) { return std::to_string(x); }
 
-bool is_cuda_backend(Backend b) { return b == Backend::kNaive || b == Backend::kSimt || b == Backend::kWmma; }
+bool is_cuda_backend(Backend b) {
+  return b == Backend::kNaive || b == Backend::kSimt || b == Backend::kWmma || b == Backend::kMma;
+}
 
 Status check_nonnegative(int64_t value, const char* name) {
   if (value < 0) return Status::InvalidArgument(std::string(name) + " must be >= 0; got " + str(value));
@@ -97,6 +99,7 @@ const char* backend_name(Backend backend) {
     case Backend::kNaive: return "naive";
     case Backend::kSimt: return "simt";
     case Backend::kWmma: return "wmma";
+    case Backend::kMma: return "mma";
   }
   return "unknown";
 }
@@ -112,7 +115,7 @@ const char* dtype_name(DType dtype) {
 }
 
 bool parse_backend(const std::string& name, Backend* backend) {
-  for (Backend b : {Backend::kAuto, Backend::kCPU, Backend::kNaive, Backend::kSimt, Backend::kWmma}) {
+  for (Backend b : {Backend::kAuto, Backend::kCPU, Backend::kNaive, Backend::kSimt, Backend::kWmma, Backend::kMma}) {
     if (name == backend_name(b)) {
       *backend = b;
       return true;
@@ -182,6 +185,7 @@ Status can_implement(const AttentionParams& p, Backend backend) {
     case Backend::kNaive: return cuda::naive_can_implement(p);
     case Backend::kSimt: return cuda::simt_can_implement(p);
     case Backend::kWmma: return cuda::wmma_can_implement(p);
+    case Backend::kMma: return cuda::mma_can_implement(p);
     default: break;
   }
   return Status::Internal("unreachable backend in can_implement");
@@ -202,6 +206,7 @@ Status attention_forward(const AttentionParams& p, Backend backend, void* stream
     case Backend::kNaive: return cuda::naive_forward(p, stream);
     case Backend::kSimt: return cuda::simt_forward(p, stream);
     case Backend::kWmma: return cuda::wmma_forward(p, stream);
+    case Backend::kMma: return cuda::mma_forward(p, stream);
 #endif
     default: break;
   }

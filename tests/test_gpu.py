@@ -20,7 +20,14 @@ pytestmark = pytest.mark.gpu
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 ATOL = {"fp16": 2e-4, "bf16": 2e-3}
-PATH_DTYPES = {"naive": ["fp16", "bf16", "fp32"], "simt": ["fp16", "bf16", "fp32"], "wmma": ["fp16", "bf16"]}
+PATH_DTYPES = {
+    "naive": ["fp16", "bf16", "fp32"],
+    "simt": ["fp16", "bf16", "fp32"],
+    "wmma": ["fp16", "bf16"],
+    "mma": ["fp16", "bf16"],
+}
+CUDA_PATHS = list(PATH_DTYPES)
+FLASH_HALF_PATHS = ["wmma", "mma"]
 HEAD_DIMS = [64, 128]
 GROUPS = [1, 2, 8]  # heads // heads_kv
 HEADS = 8
@@ -116,17 +123,18 @@ def test_naive_any_head_dim(d, dname):
 
 
 @pytest.mark.parametrize("d", [32, 96, 256])
-@pytest.mark.parametrize("path", ["simt", "wmma"])
+@pytest.mark.parametrize("path", ["simt", "wmma", "mma"])
 def test_flash_paths_refuse_other_head_dims(path, d):
     q, k, v = random_qkv(1, 8, 8, 2, 2, d, torch.float16)
     with pytest.raises(ValueError, match=rf"backend '{path}' supports head_dim 64 and 128; got {d}"):
         waveboost.attention(q, k, v, backend=path)
 
 
-def test_wmma_refuses_fp32():
+@pytest.mark.parametrize("path", FLASH_HALF_PATHS)
+def test_tensor_core_paths_refuse_fp32(path):
     q, k, v = random_qkv(1, 8, 8, 2, 2, 64, torch.float32)
-    with pytest.raises(ValueError, match=r"backend 'wmma' supports float16 and bfloat16; got float32"):
-        waveboost.attention(q, k, v, backend="wmma")
+    with pytest.raises(ValueError, match=rf"backend '{path}' supports float16 and bfloat16; got float32"):
+        waveboost.attention(q, k, v, backend=path)
 
 
 @pytest.mark.parametrize(
@@ -139,7 +147,7 @@ def test_auto_rule(dname, d, expected):
     torch.testing.assert_close(out, waveboost.attention(q, k, v, backend=expected), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("path", ["naive", "simt", "wmma"])
+@pytest.mark.parametrize("path", CUDA_PATHS)
 def test_bhsd_storage_as_transposed_views(path):
     b, h, hkv, lq, lk, d = 2, 8, 2, 300, 520, 128
     qs = torch.randn(b, h, lq, d, device="cuda", dtype=torch.float16)
@@ -155,7 +163,7 @@ def test_bhsd_storage_as_transposed_views(path):
     assert (out.double() - ref).abs().max() <= 2 * (naive.double() - ref).abs().max() + ATOL["fp16"]
 
 
-@pytest.mark.parametrize("path", ["naive", "simt", "wmma"])
+@pytest.mark.parametrize("path", CUDA_PATHS)
 def test_unaligned_and_odd_strides(path):
     # A sliced view whose data pointer is not 16-byte aligned and whose row stride is odd.
     d, lq, lk = 64, 77, 131
@@ -170,7 +178,7 @@ def test_unaligned_and_odd_strides(path):
     check_against_reference(out, lse, q, k, v, True, 1 / math.sqrt(d), "fp16")
 
 
-@pytest.mark.parametrize("path", ["naive", "simt", "wmma"])
+@pytest.mark.parametrize("path", CUDA_PATHS)
 def test_non_default_stream_matches_default(path):
     q, k, v = random_qkv(2, 513, 700, 8, 2, 128, torch.bfloat16)
     expected = waveboost.attention(q, k, v, causal=True, backend=path)
@@ -183,7 +191,7 @@ def test_non_default_stream_matches_default(path):
     assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("path", ["naive", "simt", "wmma"])
+@pytest.mark.parametrize("path", CUDA_PATHS)
 def test_deterministic(path):
     q, k, v = random_qkv(2, 1000, 1000, 8, 8, 64, torch.float16)
     first = waveboost.attention(q, k, v, causal=True, backend=path)
@@ -192,7 +200,7 @@ def test_deterministic(path):
 
 
 @pytest.mark.parametrize("lq,lk", [(0, 9), (9, 0), (40, 3)])
-@pytest.mark.parametrize("path", ["naive", "simt", "wmma"])
+@pytest.mark.parametrize("path", CUDA_PATHS)
 def test_empty_and_fully_masked(path, lq, lk):
     q, k, v = random_qkv(2, lq, lk, 4, 2, 64, torch.float16)
     out, lse = waveboost.attention(q, k, v, causal=True, return_lse=True, backend=path)

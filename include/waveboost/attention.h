@@ -26,6 +26,7 @@ enum class Backend : int32_t {
   kNaive = 2,  // CUDA: materialized scores, softmax, then PV (the GPU baseline)
   kSimt = 3,   // CUDA cores flash forward, head dims 64/128
   kWmma = 4,   // tensor-core (nvcuda::wmma) flash forward, fp16/bf16, head dims 64/128
+  kMma = 5,    // tensor-core flash forward on raw mma.sync + ldmatrix, fp16/bf16, head dims 64/128
 };
 
 // Everything a forward call needs, passed by value to kernels. POD on purpose:
@@ -77,7 +78,7 @@ Status validate(const AttentionParams& params);
 
 const char* backend_name(Backend backend);
 const char* dtype_name(DType dtype);
-// Parses "auto", "cpu", "naive", "simt", "wmma"; false for anything else.
+// Parses "auto", "cpu", "naive", "simt", "wmma", "mma"; false for anything else.
 bool parse_backend(const std::string& name, Backend* backend);
 
 // Blocks the host until `stream` on CUDA device `device_id` is idle (only for

@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from . import _waveboost
 
-BACKENDS = ("auto", "cpu", "naive", "simt", "wmma")
+BACKENDS = ("auto", "cpu", "naive", "simt", "wmma", "mma")
 
 
 class _Adapter(NamedTuple):
@@ -135,7 +135,7 @@ def attention(
         out: optional preallocated output (same framework, device, dtype and shape as ``q``).
         return_lse: also return the float32 (batch, heads, seqlen_q) natural-log logsumexp of
             the scaled scores.
-        backend: "auto", "cpu", "naive", "simt" or "wmma" (see the README's backends table).
+        backend: "auto", "cpu", "naive", "simt", "wmma" or "mma" (see the README's backends table).
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse`` is true; arrays of ``q``'s framework.
@@ -145,13 +145,8 @@ def attention(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
     if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-            try:
-                softmax_scale = float(softmax_scale)
-            except (TypeError, ValueError):
-                raise TypeError(
-                    f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}"
-                ) from None
+        if isinstance(softmax_scale, (bool, str, bytes)) or not hasattr(softmax_scale, "__float__"):
+            raise TypeError(f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}")
         softmax_scale = float(softmax_scale)
         if not math.isfinite(softmax_scale):
             raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
@@ -161,6 +156,8 @@ def attention(
         if other.name != adapter.name:
             raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
     shape = _check_shape(q, "q")
+    if out is not None and getattr(getattr(out, "flags", None), "writeable", True) is False:
+        raise ValueError("out must be writeable; got a read-only array")
     if out is None:
         out = adapter.empty(q, shape, "like")
     lse = adapter.empty(q, (shape[0], shape[2], shape[1]), "float32") if return_lse else None
@@ -186,7 +183,7 @@ def info() -> dict:
     gpus = [_waveboost.cuda_device_description(i) for i in range(_waveboost.cuda_device_count())]
     backends = ["cpu"]
     if _waveboost.cuda_compiled() and gpus:
-        backends += ["naive", "simt", "wmma"]
+        backends += ["naive", "simt", "wmma", "mma"]
     return {
         "version": _waveboost.version(),
         "cuda_compiled": bool(_waveboost.cuda_compiled()),

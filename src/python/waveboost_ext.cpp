@@ -95,7 +95,7 @@ void check_dim(const InputTensor& t, const char* name, size_t dim, const char* d
 // The head_dim (last) dimension must be contiguous so kernels can use vector loads.
 void check_unit_last_stride(const InputTensor& t, const char* name) {
   const size_t last = t.ndim() - 1;
-  if (t.shape(last) > 1 && t.stride(last) != 1)
+  if (t.size() > 0 && t.shape(last) > 1 && t.stride(last) != 1)
     value_error(std::string(name) + " must have unit stride in its last (head_dim) dimension; got stride " +
                 std::to_string(t.stride(last)) + " (pass a view whose last dimension is contiguous, or a copy)");
 }
@@ -140,7 +140,7 @@ void raise_status(const Status& s) {
 Backend parse_backend_or_raise(const std::string& name) {
   Backend b;
   if (!waveboost::parse_backend(name, &b))
-    value_error("backend must be one of 'auto', 'cpu', 'naive', 'simt', 'wmma'; got '" + name + "'");
+    value_error("backend must be one of 'auto', 'cpu', 'naive', 'simt', 'wmma', 'mma'; got '" + name + "'");
   return b;
 }
 

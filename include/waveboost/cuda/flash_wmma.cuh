@@ -1,0 +1,599 @@
+// Tensor-core flash attention forward through nvcuda::wmma (backend "wmma").
+//
+// One block owns kBlockM query rows of one (batch, head); each of its warps owns
+// kRowsPerWarp of them and walks the visible key tiles with the online softmax:
+//
+//   S = Q K^T                       wmma, fp32 accumulators
+//   m_new = max(m, rowmax(S * c))   c = softmax_scale * log2(e), lane-owned rows
+//   P = exp2(S * c - m_new)         written to shared memory in the element type
+//   O = exp2(m - m_new) * O + P V   wmma; O stays in accumulator fragments
+//
+// The accumulator layout of wmma is unspecified, which leaves two problems:
+//  * Row statistics need the scores by row, so each warp stores S to its own
+//    shared-memory scratch, and lane r reduces row r there.
+//  * Rescaling O by a per-row factor needs to know the row of every fragment
+//    element. The kernel learns that map once: it loads a matrix whose entry
+//    (r, c) is r into an accumulator fragment, so element i of every fragment of
+//    that type holds row x[i]. O then never leaves its fragments; the rescale is
+//    skipped when no row max of the warp grew (exp2(0) == 1 exactly), which is
+//    most tiles after the first few on typical data.
+//
+// Pipeline: K and V each have one shared-memory buffer, loaded a half tile apart
+// with cp.async: V(j) lands while S(j) and its softmax run, K(j+1) while P V(j)
+// runs. Double-buffering both would add 35 KB at D=128 and drop the kernel
+// from two blocks per H100 SM to one.
+#pragma once
+
+#include <mma.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "waveboost/cuda/common.cuh"
+
+namespace waveboost::cuda {
+
+/// \brief Compile-time choices of the WMMA flash kernel.
+/// \tparam Element  __half or __nv_bfloat16 (Q, K, V, O, P); accumulation is fp32.
+/// \tparam kHeadDim_ 64 or 128.
+/// \tparam kBlockN_ keys per tile: 64, or 32 where the 64-key tile's shared memory does not fit.
+template <typename Element_, int kHeadDim_, int kBlockN_>
+struct FlashWmmaTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;
+  // 4 warps: with 105 KB of shared memory at D=128, two such blocks (8 warps) share an H100 SM.
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  // 32 rows = two 16-row fragments that share every K and V fragment load: half the shared-memory reads per flop of 16 rows.
+  static constexpr int kRowsPerWarp = 32;
+  static constexpr int kBlockM = kWarps * kRowsPerWarp;
+  // wmma m16n16k16: every fragment is a 16 x 16 tile.
+  static constexpr int kFrag = 16;
+  static constexpr int kRowFrags = kRowsPerWarp / kFrag;
+  static constexpr int kKeyFrags = kBlockN / kFrag;
+  static constexpr int kDimFrags = kHeadDim / kFrag;
+
+  // +8 elements (16 B) per Q/K/V row: consecutive rows start 16 B apart modulo 128 B, so the
+  // eight 16 B rows of one fragment-load phase fall in distinct banks.
+  static constexpr int kTileLd = kHeadDim + 8;
+  // +4 floats per score row: eight lanes reading float4s of eight consecutive rows hit distinct banks.
+  static constexpr int kScoreLd = kBlockN + 4;
+  // +8 elements per probability row: same 16 B stagger as the Q/K/V tiles; wmma needs a multiple of 8.
+  static constexpr int kProbLd = kBlockN + 8;
+
+  // Per-warp scratch: the fp32 score tile, which P (element type) then overwrites in place,
+  // and in the epilogue one kBlockN-column slice of O. Also hosts the 16 x 16 row map at start.
+  static constexpr int kScratchFloats = kRowsPerWarp * kScoreLd;
+  static_assert(kRowsPerWarp * kProbLd * int(sizeof(Element)) <= kScratchFloats * int(sizeof(float)));
+  static_assert(kFrag * kFrag <= kScratchFloats);
+
+  static constexpr int kQTileBytes = kBlockM * kTileLd * int(sizeof(Element));
+  static constexpr int kKVTileBytes = kBlockN * kTileLd * int(sizeof(Element));
+  static constexpr int kScratchBytes = kWarps * kScratchFloats * int(sizeof(float));
+  static constexpr int kRowScaleBytes = kWarps * kRowsPerWarp * int(sizeof(float));
+  static constexpr int kSmemBytes = kQTileBytes + 2 * kKVTileBytes + kScratchBytes + kRowScaleBytes;
+
+  // 16 B copies: each thread moves whole 8-element chunks of a row.
+  static constexpr int kChunk = 16 / int(sizeof(Element));
+
+  static_assert(kHeadDim % kBlockN == 0, "the epilogue writes O in kBlockN-column slices");
+  static_assert(kRowsPerWarp == 32, "one lane per query row of the warp");
+  static_assert(kThreads % (kHeadDim / kChunk) == 0 && kBlockN % (kThreads / (kHeadDim / kChunk)) == 0);
+  static_assert(kQTileBytes % 128 == 0 && kKVTileBytes % 128 == 0 && kScratchBytes % 128 == 0);
+};
+
+// bf16 wmma exists from sm_80 on; the bf16 kernels compile to a trap for older targets
+// (wmma_can_implement refuses those devices at run time).
+template <typename Element>
+inline constexpr bool kWmmaElementOnThisArch =
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    !std::is_same_v<Element, __nv_bfloat16>;
+#else
+    true;
+#endif
+
+namespace flash_wmma {
+
+using namespace nvcuda;
+
+using AccumFragment = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+template <typename Element>
+using RowFragmentA = wmma::fragment<wmma::matrix_a, 16, 16, 16, Element, wmma::row_major>;
+// K^T: K rows are the columns of the B operand of Q K^T.
+template <typename Element>
+using KeyFragmentB = wmma::fragment<wmma::matrix_b, 16, 16, 16, Element, wmma::col_major>;
+template <typename Element>
+using ValueFragmentB = wmma::fragment<wmma::matrix_b, 16, 16, 16, Element, wmma::row_major>;
+
+static_assert(AccumFragment::num_elements <= 8, "the row map packs one 4-bit row per accumulator element");
+
+__device__ __forceinline__ float exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));  // ex2(-inf) = +0
+  return y;
+}
+
+// ----------------------------------------------------------------------------
+// Global -> shared copies
+// ----------------------------------------------------------------------------
+
+// 16 B global -> shared copy; zero-fills the destination when !valid.
+__device__ __forceinline__ void copy_16B(void* smem, const void* gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+#else
+  *static_cast<uint4*>(smem) = valid ? *static_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+__device__ __forceinline__ void commit_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// Copies rows [0, kRows) x [0, kHeadDim) of a tile whose rows are row_stride elements apart
+// into shared memory (pitch kTileLd); rows >= valid_rows become zeros, so neither garbage nor
+// NaN from beyond the sequence ever enters a product. `vectorized` (16 B aligned base and
+// strides) selects cp.async; otherwise a scalar copy serves any stride.
+template <typename Traits, int kRows>
+__device__ __forceinline__ void load_tile(typename Traits::Element* tile, const typename Traits::Element* src,
+                                          int64_t row_stride, int64_t valid_rows, bool vectorized) {
+  using Element = typename Traits::Element;
+  constexpr int kChunksPerRow = Traits::kHeadDim / Traits::kChunk;
+  if (vectorized) {
+    // Thread t copies chunk t % kChunksPerRow of rows t / kChunksPerRow + i * kRowsPerPass.
+    constexpr int kRowsPerPass = Traits::kThreads / kChunksPerRow;
+    const int col = (threadIdx.x % kChunksPerRow) * Traits::kChunk;
+    int row = threadIdx.x / kChunksPerRow;
+    const Element* src_row = src + row * row_stride + col;
+    Element* dst_row = tile + row * Traits::kTileLd + col;
+#pragma unroll
+    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+      const bool valid = row < valid_rows;
+      copy_16B(dst_row, valid ? src_row : src, valid);
+      row += kRowsPerPass;
+      src_row += kRowsPerPass * row_stride;
+      dst_row += kRowsPerPass * Traits::kTileLd;
+    }
+  } else {
+    for (int e = threadIdx.x; e < kRows * Traits::kHeadDim; e += Traits::kThreads) {
+      const int row = e / Traits::kHeadDim;
+      const int col = e % Traits::kHeadDim;
+      tile[row * Traits::kTileLd + col] = row < valid_rows ? src[row * row_stride + col] : from_float<Element>(0.f);
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Fragment row map and per-row rescale
+// ----------------------------------------------------------------------------
+
+// Row (0..15) of each accumulator fragment element for this lane, 4 bits per element.
+__device__ __forceinline__ uint32_t accumulator_row_map(float* scratch, int lane) {
+  for (int e = lane; e < 16 * 16; e += 32) scratch[e] = static_cast<float>(e / 16);
+  __syncwarp();
+  AccumFragment rows;
+  wmma::load_matrix_sync(rows, scratch, 16, wmma::mem_row_major);
+  uint32_t map = 0;
+#pragma unroll
+  for (int i = 0; i < AccumFragment::num_elements; ++i) map |= static_cast<uint32_t>(rows.x[i]) << (4 * i);
+  __syncwarp();
+  return map;
+}
+
+__device__ __forceinline__ int fragment_row(uint32_t row_map, int i) { return (row_map >> (4 * i)) & 15; }
+
+// O[r, :] *= row_scale[r] for the warp's rows, O held in fragments.
+template <typename Traits>
+__device__ __forceinline__ void rescale(AccumFragment (&o)[Traits::kRowFrags][Traits::kDimFrags],
+                                        const float* row_scale, uint32_t row_map) {
+#pragma unroll
+  for (int rb = 0; rb < Traits::kRowFrags; ++rb) {
+    float scale[AccumFragment::num_elements];
+#pragma unroll
+    for (int i = 0; i < AccumFragment::num_elements; ++i) scale[i] = row_scale[rb * 16 + fragment_row(row_map, i)];
+#pragma unroll
+    for (int cb = 0; cb < Traits::kDimFrags; ++cb) {
+#pragma unroll
+      for (int i = 0; i < AccumFragment::num_elements; ++i) o[rb][cb].x[i] *= scale[i];
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// The two products
+// ----------------------------------------------------------------------------
+
+// S = Q K^T for the warp's kRowsPerWarp rows and the tile's kBlockN keys.
+template <typename Traits>
+__device__ __forceinline__ void scores(AccumFragment (&s)[Traits::kRowFrags][Traits::kKeyFrags],
+                                       const typename Traits::Element* q_warp, const typename Traits::Element* k_tile) {
+  using Element = typename Traits::Element;
+#pragma unroll
+  for (int rb = 0; rb < Traits::kRowFrags; ++rb) {
+#pragma unroll
+    for (int cb = 0; cb < Traits::kKeyFrags; ++cb) wmma::fill_fragment(s[rb][cb], 0.f);
+  }
+#pragma unroll
+  for (int kk = 0; kk < Traits::kDimFrags; ++kk) {
+    RowFragmentA<Element> q[Traits::kRowFrags];
+#pragma unroll
+    for (int rb = 0; rb < Traits::kRowFrags; ++rb)
+      wmma::load_matrix_sync(q[rb], q_warp + rb * 16 * Traits::kTileLd + kk * 16, Traits::kTileLd);
+#pragma unroll
+    for (int cb = 0; cb < Traits::kKeyFrags; ++cb) {
+      KeyFragmentB<Element> k;
+      wmma::load_matrix_sync(k, k_tile + cb * 16 * Traits::kTileLd + kk * 16, Traits::kTileLd);
+#pragma unroll
+      for (int rb = 0; rb < Traits::kRowFrags; ++rb) wmma::mma_sync(s[rb][cb], q[rb], k, s[rb][cb]);
+    }
+  }
+}
+
+// O += P V with P (kRowsPerWarp x kBlockN, element type) in the warp's scratch.
+template <typename Traits>
+__device__ __forceinline__ void accumulate_pv(AccumFragment (&o)[Traits::kRowFrags][Traits::kDimFrags],
+                                              const typename Traits::Element* prob,
+                                              const typename Traits::Element* v_tile) {
+  using Element = typename Traits::Element;
+#pragma unroll
+  for (int kk = 0; kk < Traits::kKeyFrags; ++kk) {
+    RowFragmentA<Element> p[Traits::kRowFrags];
+#pragma unroll
+    for (int rb = 0; rb < Traits::kRowFrags; ++rb)
+      wmma::load_matrix_sync(p[rb], prob + rb * 16 * Traits::kProbLd + kk * 16, Traits::kProbLd);
+#pragma unroll
+    for (int cb = 0; cb < Traits::kDimFrags; ++cb) {
+      ValueFragmentB<Element> v;
+      wmma::load_matrix_sync(v, v_tile + kk * 16 * Traits::kTileLd + cb * 16, Traits::kTileLd);
+#pragma unroll
+      for (int rb = 0; rb < Traits::kRowFrags; ++rb) wmma::mma_sync(o[rb][cb], p[rb], v, o[rb][cb]);
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Online softmax on lane-owned rows
+// ----------------------------------------------------------------------------
+
+template <typename Element>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  uint32_t bits;
+  if constexpr (std::is_same_v<Element, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    memcpy(&bits, &h, sizeof(bits));
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    memcpy(&bits, &h, sizeof(bits));
+  }
+  return bits;
+}
+
+template <int kCols>
+__device__ __forceinline__ float row_max(const float (&t)[kCols]) {
+  float m = t[0];
+#pragma unroll
+  for (int c = 1; c < kCols; ++c) m = fmaxf(m, t[c]);
+  return m;
+}
+
+// Lane r turns score row r of the warp's scratch into probabilities in place: scales by
+// scale_log2, masks keys >= visible_keys when `masked`, updates the running max and sum
+// (log2 units) and writes P in the element type over the scores. Returns exp2(m_old - m_new),
+// the factor by which the row's O must shrink (0 while the row has seen no key).
+template <typename Traits>
+__device__ __forceinline__ float online_softmax(float* scratch, int lane, float scale_log2, bool masked,
+                                                int visible_keys, float& running_max, float& running_sum) {
+  using Element = typename Traits::Element;
+  constexpr int kCols = Traits::kBlockN;
+  const float4* score_row = reinterpret_cast<const float4*>(scratch + lane * Traits::kScoreLd);
+  const auto scaled = [&](int c4) {
+    const float4 s = score_row[c4];
+    float t[4] = {s.x * scale_log2, s.y * scale_log2, s.z * scale_log2, s.w * scale_log2};
+    if (masked) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) t[e] = 4 * c4 + e < visible_keys ? t[e] : -INFINITY;
+    }
+    return make_float4(t[0], t[1], t[2], t[3]);
+  };
+  float new_max = running_max;
+#pragma unroll
+  for (int c4 = 0; c4 < kCols / 4; ++c4) {
+    const float4 t = scaled(c4);
+    new_max = fmaxf(new_max, fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w)));
+  }
+  const float reference = new_max == -INFINITY ? 0.f : new_max;
+  const float alpha = exp2(running_max - reference);
+  float sum = 0.f;
+  uint32_t packed[kCols / 2];
+#pragma unroll
+  for (int c4 = 0; c4 < kCols / 4; ++c4) {
+    const float4 t = scaled(c4);
+    const float p0 = exp2(t.x - reference), p1 = exp2(t.y - reference);
+    const float p2 = exp2(t.z - reference), p3 = exp2(t.w - reference);
+    sum += (p0 + p1) + (p2 + p3);
+    packed[2 * c4] = pack_pair<Element>(p0, p1);
+    packed[2 * c4 + 1] = pack_pair<Element>(p2, p3);
+  }
+  running_sum = running_sum * alpha + sum;
+  running_max = new_max;
+
+  __syncwarp();
+  uint4* prob_row = reinterpret_cast<uint4*>(reinterpret_cast<Element*>(scratch) + lane * Traits::kProbLd);
+#pragma unroll
+  for (int c = 0; c < kCols / 8; ++c) prob_row[c] = make_uint4(packed[4 * c], packed[4 * c + 1], packed[4 * c + 2], packed[4 * c + 3]);
+  return alpha;
+}
+
+// ----------------------------------------------------------------------------
+// Epilogue
+// ----------------------------------------------------------------------------
+
+// Writes the warp's normalized O (rows m_warp.., valid while < seqlen_q) through the scratch,
+// one kBlockN-column slice at a time, as 4-element stores along each row.
+template <typename Traits>
+__device__ __forceinline__ void store_output(const AccumFragment (&o)[Traits::kRowFrags][Traits::kDimFrags],
+                                             float* scratch, int lane, typename Traits::Element* out,
+                                             int64_t row_stride, int64_t valid_rows, bool vectorized) {
+  using Element = typename Traits::Element;
+  constexpr int kSlices = Traits::kHeadDim / Traits::kBlockN;
+  constexpr int kQuadsPerRow = Traits::kBlockN / 4;
+#pragma unroll
+  for (int slice = 0; slice < kSlices; ++slice) {
+    __syncwarp();  // the previous slice (or P) has been read
+#pragma unroll
+    for (int rb = 0; rb < Traits::kRowFrags; ++rb) {
+#pragma unroll
+      for (int cb = 0; cb < Traits::kKeyFrags; ++cb) {
+        wmma::store_matrix_sync(scratch + rb * 16 * Traits::kScoreLd + cb * 16, o[rb][slice * Traits::kKeyFrags + cb],
+                                Traits::kScoreLd, wmma::mem_row_major);
+      }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < Traits::kRowsPerWarp * kQuadsPerRow / 32; ++i) {
+      const int quad = lane + 32 * i;
+      const int row = quad / kQuadsPerRow;
+      const int col = (quad % kQuadsPerRow) * 4;
+      if (row >= valid_rows) continue;
+      const float4 x = *reinterpret_cast<const float4*>(scratch + row * Traits::kScoreLd + col);
+      Element* dst = out + row * row_stride + slice * Traits::kBlockN + col;
+      if (vectorized) {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(pack_pair<Element>(x.x, x.y), pack_pair<Element>(x.z, x.w));
+      } else {
+        dst[0] = from_float<Element>(x.x);
+        dst[1] = from_float<Element>(x.y);
+        dst[2] = from_float<Element>(x.z);
+        dst[3] = from_float<Element>(x.w);
+      }
+    }
+  }
+}
+
+// 16 B copies need 16 B aligned bases and strides that are multiples of 8 elements; a stride
+// of a dimension of extent 1 is never applied and does not count.
+__device__ __forceinline__ bool vector_friendly(const AttentionParams& p) {
+  const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  const auto used = [](int64_t stride, int64_t extent) { return extent > 1 ? stride : int64_t{0}; };
+  const int64_t strides = used(p.q_batch_stride, p.batch) | used(p.q_row_stride, p.seqlen_q) |
+                          used(p.q_head_stride, p.heads) | used(p.o_batch_stride, p.batch) |
+                          used(p.o_row_stride, p.seqlen_q) | used(p.o_head_stride, p.heads) |
+                          used(p.k_batch_stride, p.batch) | used(p.k_row_stride, p.seqlen_k) |
+                          used(p.k_head_stride, p.heads_kv) | used(p.v_batch_stride, p.batch) |
+                          used(p.v_row_stride, p.seqlen_k) | used(p.v_head_stride, p.heads_kv);
+  return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out) && (strides & 7) == 0;
+}
+
+// ----------------------------------------------------------------------------
+// One block: kBlockM query rows of one (batch, head)
+// ----------------------------------------------------------------------------
+
+template <typename Traits>
+__device__ __forceinline__ void attend_block(const AttentionParams& p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  Element* q_tile = reinterpret_cast<Element*>(smem);
+  Element* k_tile = reinterpret_cast<Element*>(smem + Traits::kQTileBytes);
+  Element* v_tile = reinterpret_cast<Element*>(smem + Traits::kQTileBytes + Traits::kKVTileBytes);
+  float* scratch_base = reinterpret_cast<float*>(smem + Traits::kQTileBytes + 2 * Traits::kKVTileBytes);
+  float* row_scale_base = scratch_base + Traits::kWarps * Traits::kScratchFloats;
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  float* scratch = scratch_base + warp * Traits::kScratchFloats;
+  float* row_scale = row_scale_base + warp * Traits::kRowsPerWarp;
+
+  // batch * heads is folded over gridDim.y and gridDim.z (each capped at 65535).
+  const int64_t bh = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
+  if (bh >= p.batch * p.heads) return;
+  const int64_t b = bh / p.heads;
+  const int64_t h = bh % p.heads;
+  const int64_t h_kv = h / (p.heads / p.heads_kv);
+  // Causal: the last query blocks see the most keys; launching them first shortens the grid's tail.
+  const int64_t m_block = p.is_causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int64_t m0 = m_block * kBlockM;
+  const int64_t block_rows = min(static_cast<int64_t>(kBlockM), p.seqlen_q - m0);
+  // Key tiles entirely above the diagonal of the block's last row are never visited.
+  const int64_t key_end = p.is_causal ? causal_keys_visible(m0 + block_rows - 1, p) : p.seqlen_k;
+  const int64_t n_tiles = (key_end + kBlockN - 1) / kBlockN;
+
+  const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride;
+  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
+  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+  const bool vectorized = vector_friendly(p);
+
+  if (n_tiles > 0) {  // otherwise every row sees no key: nothing to load, the epilogue writes zeros
+    load_tile<Traits, kBlockM>(q_tile, q, p.q_row_stride, block_rows, vectorized);
+    load_tile<Traits, kBlockN>(k_tile, k, p.k_row_stride, p.seqlen_k, vectorized);
+    commit_copies();
+  }
+
+  const uint32_t row_map = accumulator_row_map(scratch, lane);
+  const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
+  const int64_t warp_m0 = m0 + warp * Traits::kRowsPerWarp;
+  // Lane r owns query row warp_m0 + r for the softmax statistics.
+  const int64_t lane_keys = p.is_causal ? causal_keys_visible(warp_m0 + lane, p) : p.seqlen_k;
+  const int64_t warp_first_keys = p.is_causal ? causal_keys_visible(warp_m0, p) : p.seqlen_k;
+  float running_max = -INFINITY;
+  float running_sum = 0.f;
+
+  AccumFragment o[Traits::kRowFrags][Traits::kDimFrags];
+#pragma unroll
+  for (int rb = 0; rb < Traits::kRowFrags; ++rb) {
+#pragma unroll
+    for (int cb = 0; cb < Traits::kDimFrags; ++cb) wmma::fill_fragment(o[rb][cb], 0.f);
+  }
+
+  const Element* q_warp = q_tile + warp * Traits::kRowsPerWarp * Traits::kTileLd;
+  const Element* prob = reinterpret_cast<const Element*>(scratch);
+  for (int64_t j = 0; j < n_tiles; ++j) {
+    const int64_t n0 = j * kBlockN;
+    wait_copies();
+    __syncthreads();  // K(j) (and Q) visible to all warps; every warp is done reading V(j-1)
+    load_tile<Traits, kBlockN>(v_tile, v + n0 * p.v_row_stride, p.v_row_stride, p.seqlen_k - n0, vectorized);
+    commit_copies();
+
+    AccumFragment s[Traits::kRowFrags][Traits::kKeyFrags];
+    scores<Traits>(s, q_warp, k_tile);
+#pragma unroll
+    for (int rb = 0; rb < Traits::kRowFrags; ++rb) {
+#pragma unroll
+      for (int cb = 0; cb < Traits::kKeyFrags; ++cb)
+        wmma::store_matrix_sync(scratch + rb * 16 * Traits::kScoreLd + cb * 16, s[rb][cb], Traits::kScoreLd,
+                                wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // Only the sequence tail and tiles crossing the warp's diagonal need a mask; the warp's
+    // first row sees the fewest keys, so if it sees the whole tile every row does.
+    const bool masked = n0 + kBlockN > warp_first_keys;
+    const int visible = static_cast<int>(max(int64_t{0}, min(lane_keys - n0, static_cast<int64_t>(kBlockN))));
+    const float alpha = online_softmax<Traits>(scratch, lane, scale_log2, masked, visible, running_max, running_sum);
+
+    wait_copies();
+    __syncthreads();  // V(j) visible to all warps; every warp is done reading K(j)
+    if (j + 1 < n_tiles) {
+      load_tile<Traits, kBlockN>(k_tile, k + (n0 + kBlockN) * p.k_row_stride, p.k_row_stride,
+                                 p.seqlen_k - n0 - kBlockN, vectorized);
+      commit_copies();
+    }
+
+    if (!__all_sync(0xffffffffu, alpha == 1.f)) {
+      row_scale[lane] = alpha;
+      __syncwarp();
+      rescale<Traits>(o, row_scale, row_map);
+    }
+    accumulate_pv<Traits>(o, prob, v_tile);
+    __syncwarp();  // P and row_scale are read before the next tile overwrites them
+  }
+
+  // O /= row sum; a row that saw no key has sum 0 and O 0, and stays 0.
+  row_scale[lane] = running_sum > 0.f ? 1.f / running_sum : 0.f;
+  __syncwarp();
+  rescale<Traits>(o, row_scale, row_map);
+
+  const int64_t lane_row = warp_m0 + lane;
+  if (p.lse != nullptr && lane_row < p.seqlen_q) {
+    constexpr float kLn2 = 0.6931471805599453f;
+    p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + lane_row] =
+        running_sum > 0.f ? (running_max + log2f(running_sum)) * kLn2 : -INFINITY;
+  }
+  Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride + warp_m0 * p.o_row_stride;
+  store_output<Traits>(o, scratch, lane, out, p.o_row_stride, p.seqlen_q - warp_m0, vectorized);
+}
+
+}  // namespace flash_wmma
+
+/// \brief Flash attention forward on tensor cores; grid (query blocks, batch*heads folded over y and z).
+template <typename Element, int kHeadDim, int kBlockN>
+__global__ void __launch_bounds__(FlashWmmaTraits<Element, kHeadDim, kBlockN>::kThreads)
+    flash_wmma_kernel(const __grid_constant__ AttentionParams p) {
+  if constexpr (kWmmaElementOnThisArch<Element>) {
+    flash_wmma::attend_block<FlashWmmaTraits<Element, kHeadDim, kBlockN>>(p);
+  } else {
+    __trap();
+  }
+}
+
+// Keys per tile for a head dim on a device allowing `smem_optin` bytes of shared memory per
+// block: 64 when it fits (sm_80/90), else 32 (sm_86/89 at D=128, sm_75 at D=64); 0 if neither.
+// (Shared memory does not depend on the 16-bit element type.)
+template <int kHeadDim, int kBlockN>
+inline constexpr int kFlashWmmaSmemBytes = FlashWmmaTraits<__half, kHeadDim, kBlockN>::kSmemBytes;
+
+inline int flash_wmma_block_n(int64_t head_dim, int smem_optin) {
+  switch (head_dim) {
+    case 64:
+      return kFlashWmmaSmemBytes<64, 64> <= smem_optin ? 64 : kFlashWmmaSmemBytes<64, 32> <= smem_optin ? 32 : 0;
+    case 128:
+      return kFlashWmmaSmemBytes<128, 64> <= smem_optin ? 64 : kFlashWmmaSmemBytes<128, 32> <= smem_optin ? 32 : 0;
+    default:
+      return 0;
+  }
+}
+
+// Shared memory the smallest WMMA configuration of a head dim needs (for error messages).
+inline int flash_wmma_min_smem_bytes(int64_t head_dim) {
+  return head_dim == 64 ? kFlashWmmaSmemBytes<64, 32> : kFlashWmmaSmemBytes<128, 32>;
+}
+
+template <typename Element, int kHeadDim, int kBlockN>
+Status launch_flash_wmma_tiles(const AttentionParams& p, cudaStream_t stream) {
+  using Traits = FlashWmmaTraits<Element, kHeadDim, kBlockN>;
+  constexpr int64_t kMaxGridYZ = 65535;
+  const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int64_t bh = p.batch * p.heads;
+  const int64_t grid_y = bh < kMaxGridYZ ? bh : kMaxGridYZ;
+  const int64_t grid_z = (bh + grid_y - 1) / grid_y;
+  if (m_blocks > INT32_MAX || grid_z > kMaxGridYZ) {
+    return Status::NotSupported("backend 'wmma': seqlen_q " + std::to_string(p.seqlen_q) + " with batch*heads " +
+                                std::to_string(bh) + " exceeds the CUDA grid");
+  }
+  const auto kernel = flash_wmma_kernel<Element, kHeadDim, kBlockN>;
+  // Above 48 KB, dynamic shared memory must be opted into per kernel.
+  WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(grid_y), static_cast<unsigned>(grid_z));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+  return cuda_status(cudaGetLastError(), "flash_wmma_kernel launch");
+}
+
+/// \brief Launches the WMMA forward on `stream` (params.device_id must be current).
+/// Picks 64-key tiles where their shared memory fits the device, else 32-key tiles.
+template <typename Element, int kHeadDim>
+Status launch_flash_wmma(const AttentionParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
+  int smem_optin = 0;
+  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
+  switch (flash_wmma_block_n(kHeadDim, smem_optin)) {
+    case 64:
+      return launch_flash_wmma_tiles<Element, kHeadDim, 64>(p, stream);
+    case 32:
+      return launch_flash_wmma_tiles<Element, kHeadDim, 32>(p, stream);
+    default:
+      return Status::NotSupported("backend 'wmma' needs " + std::to_string(flash_wmma_min_smem_bytes(kHeadDim)) +
+                                  " bytes of shared memory per block for head_dim " + std::to_string(kHeadDim) +
+                                  "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
+  }
+}
+
+extern template Status launch_flash_wmma<__half, 64>(const AttentionParams&, cudaStream_t);
+extern template Status launch_flash_wmma<__half, 128>(const AttentionParams&, cudaStream_t);
+extern template Status launch_flash_wmma<__nv_bfloat16, 64>(const AttentionParams&, cudaStream_t);
+extern template Status launch_flash_wmma<__nv_bfloat16, 128>(const AttentionParams&, cudaStream_t);
+
+}  // namespace waveboost::cuda

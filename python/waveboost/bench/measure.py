@@ -1,0 +1,319 @@
+"""One cell, one implementation: check against a float64 reference, then memory, then time.
+
+Clocks: CUDA events on torch's current stream (where waveboost and torch SDPA launch), with
+the L2 cache flushed before every call as triton.testing.do_bench does, so small inputs are
+not served hot from L2; host perf_counter for the CPU and for JAX (its own stream), after a
+device sync. Warm-up calls come first; the number of timed calls is what fits in the time
+budget, between MIN_REPS and --repeats.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import tracemalloc
+import warnings
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .grid import Case
+from .impls import Impl, module
+
+# Frobenius-relative error allowed before a result is WRONG. Half precision: 8 unit
+# roundoffs (2^-8, 2^-5); torch's own kernels sit near 3e-4 (fp16) and 2e-3 (bf16) on
+# random normal inputs, while a wrong mask, scale or GQA head mapping gives > 1e-1.
+# fp32 and fp64: DESIGN.md's bound for full-precision paths (TF32 matmuls fail it).
+TOLERANCE = {"float16": 2.0**-8, "bfloat16": 2.0**-5, "float32": 1e-4, "float64": 1e-10}
+MIN_REPS = 3
+WARMUP_CALLS = 3
+FLUSH_BYTES = 256 << 20  # triton do_bench's L2 flush buffer; > 4x the 50 MB L2 of an H100
+_REF_CHUNK_ELEMENTS = 1 << 25  # float64 score rows per reference chunk: 256 MB
+
+
+@dataclass
+class Inputs:
+    """BSHD q, k, v shared by every implementation of a cell."""
+
+    q: object
+    k: object
+    v: object
+
+
+@dataclass
+class Settings:
+    device: str
+    repeats: int
+    budget_s: float
+    mem_limit_bytes: float
+    seed: int = 0
+
+
+def make_inputs(case: Case, device: str, seed: int) -> Inputs:
+    """Fresh random normal inputs (never zeros), generated on the device of the run."""
+    q_shape = (case.batch, case.seqlen, case.heads, case.head_dim)
+    kv_shape = (case.batch, case.seqlen, case.kv_heads, case.head_dim)
+    if device == "cpu":
+        rng = np.random.default_rng(seed)
+        return Inputs(*(rng.standard_normal(s, dtype=np.float64).astype(case.dtype) for s in (q_shape, kv_shape, kv_shape)))
+    torch = module("torch")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = getattr(torch, case.dtype)
+    return Inputs(*(torch.randn(s, generator=gen, device="cuda").to(dtype) for s in (q_shape, kv_shape, kv_shape)))
+
+
+def _checked_heads(case: Case) -> tuple[list, list]:
+    """(batches, heads) whose output is compared: all when few, else the first and last batch
+    and heads 0, group + 1 and H - 1, which read different kv heads under GQA."""
+    if case.batch * case.heads <= 8:
+        return list(range(case.batch)), list(range(case.heads))
+    group = case.heads // case.kv_heads
+    return sorted({0, case.batch - 1}), sorted({0, min(group + 1, case.heads - 1), case.heads - 1})
+
+
+def _attention_f64(q, k, v, causal: bool):
+    """float64 softmax(q k^T / sqrt(D)) v of one (batch, head); q, k, v (L, D), NumPy or torch."""
+    if isinstance(q, np.ndarray):
+        q, k, v = (t.astype(np.float64) for t in (q, k, v))
+        xp, rows, out = np, np.arange(len(q))[:, None], np.empty_like(q)
+    else:
+        xp = module("torch")
+        q, k, v = (t.double() for t in (q, k, v))
+        rows, out = xp.arange(len(q), device=q.device)[:, None], xp.empty_like(q)
+    cols = rows.reshape(1, -1)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    chunk = max(1, _REF_CHUNK_ELEMENTS // len(k))
+    for start in range(0, len(q), chunk):
+        s = (q[start:start + chunk] @ k.T) * scale
+        if causal:
+            s[cols > rows[start:start + chunk]] = -math.inf
+        p = xp.exp(s - xp.amax(s, -1, keepdims=True))
+        out[start:start + chunk] = (p @ v) / p.sum(-1, keepdims=True)
+    return out
+
+
+class Reference:
+    """float64 output of the checked (batch, head) pairs, computed once per cell on first use."""
+
+    def __init__(self, case: Case, inputs: Inputs):
+        self.case, self.inputs = case, inputs
+        self.batches, self.heads = _checked_heads(case)
+
+    @cached_property
+    def outputs(self) -> list:
+        group = self.case.heads // self.case.kv_heads
+        x = self.inputs
+        return [_attention_f64(x.q[b, :, h], x.k[b, :, h // group], x.v[b, :, h // group], self.case.causal)
+                for b in self.batches for h in self.heads]
+
+    def rel_err(self, out) -> float:
+        """Frobenius-relative error of `out` (BSHD) on the checked heads; inf if any output is not finite."""
+        xp = np if isinstance(out, np.ndarray) else module("torch")
+        if not bool(xp.isfinite(out).all()):
+            return math.inf
+        num = den = 0.0
+        pairs = [(b, h) for b in self.batches for h in self.heads]
+        for (b, h), ref in zip(pairs, self.outputs):
+            got = out[b, :, h]
+            got = got.astype(np.float64) if xp is np else got.double()
+            num += float(((got - ref) ** 2).sum())
+            den += float((ref ** 2).sum())
+        return math.sqrt(num / den) if den > 0 else math.sqrt(num)
+
+
+# ---- memory ---------------------------------------------------------------------------------
+
+class _DefaultMemPool:
+    """High watermark of the device's default CUDA memory pool, which serves cudaMallocAsync
+    (waveboost's naive workspace) and which torch's allocator does not see. Driver API via ctypes."""
+
+    _USED_MEM_CURRENT, _USED_MEM_HIGH = 7, 8  # CUmemPool_attribute
+
+    def __init__(self, ordinal: int):
+        import ctypes
+        self._ctypes = ctypes
+        self._cuda = ctypes.CDLL("libcuda.so.1")
+        device, self._pool = ctypes.c_int(), ctypes.c_void_p()
+        self._check(self._cuda.cuDeviceGet(ctypes.byref(device), ordinal))
+        self._check(self._cuda.cuDeviceGetDefaultMemPool(ctypes.byref(self._pool), device))
+
+    @staticmethod
+    def _check(status: int):
+        if status != 0:
+            raise OSError(f"CUDA driver call failed with status {status}")
+
+    def _get(self, attr: int) -> int:
+        value = self._ctypes.c_uint64()
+        self._check(self._cuda.cuMemPoolGetAttribute(self._pool, attr, self._ctypes.byref(value)))
+        return value.value
+
+    def reset(self) -> int:
+        """Resets the high watermark to the bytes in use now and returns them."""
+        zero = self._ctypes.c_uint64(0)
+        self._check(self._cuda.cuMemPoolSetAttribute(self._pool, self._USED_MEM_HIGH, self._ctypes.byref(zero)))
+        return self._get(self._USED_MEM_CURRENT)
+
+    def high(self) -> int:
+        return self._get(self._USED_MEM_HIGH)
+
+
+def default_mempool():
+    """The device's default memory pool, or None where the driver call is unavailable."""
+    torch = module("torch")
+    try:
+        return _DefaultMemPool(torch.cuda.current_device())
+    except (OSError, AttributeError):
+        return None
+
+
+def _proc_status_kb(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Linux: writing 5 to clear_refs resets VmHWM (the peak RSS) to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure_memory(prep, device: str, mempool=None) -> tuple[int, str]:
+    """Peak extra memory of one call, output included, inputs excluded -> (bytes, method).
+
+    CUDA: torch allocator peak minus what was allocated before, plus the default mempool's
+    high watermark minus its use before. CPU: the larger of tracemalloc's peak (NumPy and
+    Python allocations) and the peak-RSS growth (everything, at page granularity; memory the
+    allocator kept from earlier calls is reused unseen, so it is a lower bound)."""
+    if prep.memory is not None:
+        return prep.memory()
+    if device == "cuda":
+        torch = module("torch")
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        pool_base = mempool.reset() if mempool else 0
+        out = prep.run()
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base
+        if mempool:
+            extra += max(0, mempool.high() - pool_base)
+        del out
+        return extra, "torch-allocator+cuda-mempool" if mempool else "torch-allocator"
+    rss_ok = _reset_peak_rss()
+    rss_base = _proc_status_kb("VmRSS")
+    tracemalloc.start()
+    try:
+        out = prep.run()
+        prep.wait(out)
+        traced = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    del out
+    hwm = _proc_status_kb("VmHWM")
+    if rss_ok and rss_base is not None and hwm is not None:
+        return max(traced, (hwm - rss_base) * 1024), "max(tracemalloc,rss-peak)"
+    return traced, "tracemalloc"
+
+
+# ---- time -----------------------------------------------------------------------------------
+
+def _sync(device: str):
+    if device == "cuda":
+        module("torch").cuda.synchronize()
+
+
+def time_calls(prep, settings: Settings, flush=None) -> list[float]:
+    """Milliseconds of the timed calls, after warm-up."""
+    device = settings.device
+    start = time.perf_counter()
+    for _ in range(WARMUP_CALLS):
+        prep.wait(prep.run())
+    _sync(device)
+    estimate = (time.perf_counter() - start) / WARMUP_CALLS
+    reps = int(min(settings.repeats, max(MIN_REPS, settings.budget_s // max(estimate, 1e-9))))
+    if prep.clock == "cuda-event":
+        torch = module("torch")
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for begin, end in events:
+            if flush is not None:
+                flush.zero_()
+            begin.record()
+            prep.run()
+            end.record()
+        torch.cuda.synchronize()
+        return [begin.elapsed_time(end) for begin, end in events]
+    times = []
+    for _ in range(reps):
+        if flush is not None:
+            flush.zero_()
+        _sync(device)
+        t0 = time.perf_counter()
+        prep.wait(prep.run())
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _summary(case: Case, times: list[float]) -> dict:
+    q1, median, q3 = np.percentile(times, [25, 50, 75])
+    seconds = median * 1e-3
+    return {"reps": len(times), "median_ms": median, "q1_ms": q1, "q3_ms": q3,
+            "min_ms": min(times), "max_ms": max(times),
+            "tflops": case.flops / seconds / 1e12, "tokens_per_s": case.tokens / seconds}
+
+
+# ---- one cell -------------------------------------------------------------------------------
+
+def _classify(exc: Exception, caught) -> tuple[str, str]:
+    """(status, reason) for an exception raised by an implementation: never a crash."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    lowered = str(exc).lower()
+    if isinstance(exc, MemoryError) or "out of memory" in lowered or "resource_exhausted" in lowered:
+        return "skipped", "out of memory"
+    if "no available kernel" in lowered or "no viable backend" in lowered:
+        # torch says why each kernel declined in warnings; the first names the real limit.
+        reasons = [str(w.message).strip().splitlines()[0] for w in caught]
+        return "unsupported", (reasons[0] if reasons else text)[:200]
+    if isinstance(exc, (ValueError, NotImplementedError, TypeError)):
+        return "unsupported", text[:200]
+    return "error", f"{type(exc).__name__}: {text}"[:200]
+
+
+def run_cell(case: Case, impl: Impl, inputs: Inputs, reference: Reference, settings: Settings,
+             flush=None, mempool=None) -> dict:
+    """The result row of `impl` on `case`: status ok / WRONG / unsupported / skipped / error."""
+    row = {**case.fields(), "impl": impl.name, "status": "ok", "reason": "", "rel_err": None, "clock": ""}
+    need = case.score_elements * impl.score_bytes
+    if need > settings.mem_limit_bytes:
+        row.update(status="skipped", reason=f"memory: scores need ~{need / 1e9:.0f} GB "
+                                            f"> limit {settings.mem_limit_bytes / 1e9:.0f} GB")
+        return row
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with impl.prepare(case, inputs) as prep:
+                row["clock"] = prep.clock
+                out = prep.run()
+                prep.wait(out)
+                row["rel_err"] = err = reference.rel_err(prep.to_bshd(out))
+                del out
+                if not err <= TOLERANCE[case.dtype]:
+                    row.update(status="WRONG", reason=f"rel err {err:.2e} > {TOLERANCE[case.dtype]:.1e}")
+                    return row
+                row["mem_extra_bytes"], row["mem_method"] = measure_memory(prep, settings.device, mempool)
+                row.update(_summary(case, time_calls(prep, settings, flush)))
+        except Exception as exc:  # noqa: BLE001 -- any failure of a peer is a visible row, not a crash
+            row["status"], row["reason"] = _classify(exc, caught)
+            if settings.device == "cuda" and row["reason"] == "out of memory":
+                module("torch").cuda.empty_cache()
+    return row

@@ -1,0 +1,237 @@
+"""Results out: speedups, CSV/JSON/Markdown files, the console table, the run's environment."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+from collections import defaultdict
+
+from .impls import module
+
+CASE_COLUMNS = ["label", "batch", "seqlen", "heads", "kv_heads", "head_dim", "dtype", "causal"]
+CSV_COLUMNS = {
+    "latency.csv": CASE_COLUMNS + ["impl", "status", "reason", "rel_err", "clock", "reps", "median_ms", "q1_ms",
+                                   "q3_ms", "min_ms", "max_ms", "speedup", "baseline"],
+    "throughput.csv": CASE_COLUMNS + ["impl", "status", "median_ms", "tokens_per_s", "tflops"],
+    "memory.csv": CASE_COLUMNS + ["impl", "status", "mem_extra_bytes", "mem_extra_mb", "mem_method"],
+}
+STATUS_STYLE = {"ok": "green", "WRONG": "bold red", "error": "red", "unsupported": "yellow", "skipped": "yellow",
+                "not installed": "dim"}
+
+
+def cell_key(row: dict) -> tuple:
+    return tuple(row[c] for c in CASE_COLUMNS)
+
+
+def add_speedups(rows: list[dict], baseline: str) -> None:
+    """speedup = baseline median / impl median within each cell (None where either did not run)."""
+    base = {cell_key(r): r["median_ms"] for r in rows if r["impl"] == baseline and r["status"] == "ok"}
+    for r in rows:
+        b = base.get(cell_key(r))
+        r["baseline"] = baseline
+        r["speedup"] = b / r["median_ms"] if b and r["status"] == "ok" else None
+
+
+def _geomean(values) -> float | None:
+    values = [v for v in values if v]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+# ---- environment ----------------------------------------------------------------------------
+
+def _nvidia_driver() -> str | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: str) -> dict:
+    """Device, driver and versions for results.json; nothing here imports a missing package."""
+    versions = {"python": platform.python_version()}
+    for name in ("waveboost", "numpy", "torch", "jax", "jaxlib", "cupy", "triton"):
+        mod = module(name)
+        versions[name] = getattr(mod, "__version__", None) if mod else None
+    env = {"device": device, "platform": platform.platform(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+           "versions": versions}
+    wb = module("waveboost")
+    if wb is not None:
+        env["waveboost_info"] = wb.info()
+    torch = module("torch")
+    if torch is not None:
+        env["torch_threads"] = torch.get_num_threads()
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        env.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1),
+                   compute_capability=f"{props.major}.{props.minor}", cuda_runtime=torch.version.cuda,
+                   driver=_nvidia_driver())
+        env["name"] = props.name
+    else:
+        env["name"] = env["cpu"]
+    return env
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+# ---- files ----------------------------------------------------------------------------------
+
+def _csv_value(value):
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "" if value is None else value
+
+
+def write_files(out_dir: str, meta: dict, impls: list[dict], rows: list[dict]) -> list[str]:
+    """latency.csv, throughput.csv, memory.csv, results.json and summary.md in `out_dir`."""
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for name, columns in CSV_COLUMNS.items():
+        path = os.path.join(out_dir, name)
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            for r in rows:
+                mb = r.get("mem_extra_bytes")
+                full = {**r, "mem_extra_mb": mb / 2**20 if mb is not None else None}
+                writer.writerow([_csv_value(full.get(c)) for c in columns])
+        written.append(path)
+    path = os.path.join(out_dir, "results.json")
+    with open(path, "w") as f:
+        json.dump({**meta, "impls": impls, "rows": rows}, f, indent=1, default=str)
+    written.append(path)
+    path = os.path.join(out_dir, "summary.md")
+    with open(path, "w") as f:
+        f.write(summary_markdown(meta, impls, rows))
+    written.append(path)
+    return written
+
+
+def summary_markdown(meta: dict, impls: list[dict], rows: list[dict]) -> str:
+    """Per-implementation counts and geometric-mean speedups, then waveboost-vs-peer latency ratios."""
+    env = meta["environment"]
+    baseline = meta["settings"]["baseline"]
+    lines = [f"# {env['name']} ({env['device']}), {meta['date']}", "", f"Command: `{meta['command']}`", "",
+             f"| impl | ok | WRONG | other | geomean speedup vs {baseline} | best {_rate_unit(env['device'])} |",
+             "|---|---|---|---|---|---|"]
+    by_impl = defaultdict(list)
+    for r in rows:
+        by_impl[r["impl"]].append(r)
+    scale = _rate_scale(env["device"])
+    for name, rs in by_impl.items():
+        ok = [r for r in rs if r["status"] == "ok"]
+        wrong = sum(r["status"] == "WRONG" for r in rs)
+        geo = _geomean(r["speedup"] for r in ok)
+        best = max((r["tflops"] * scale for r in ok), default=None)
+        lines.append(f"| {name} | {len(ok)} | {wrong} | {len(rs) - len(ok) - wrong} | "
+                     f"{'' if geo is None else f'{geo:.2f}'} | {'' if best is None else f'{best:.1f}'} |")
+    for i in impls:
+        if i["missing"]:
+            lines.append(f"| {i['name']} | not run: {i['missing']} | | | | |")
+    ours = [n for n in by_impl if n.startswith("waveboost_")]
+    peers = [n for n in by_impl if not n.startswith("waveboost_")]
+    if ours and peers:
+        lines += ["", "Peer latency / waveboost latency, geometric mean over the cells both ran (> 1: waveboost faster):",
+                  "", "| waveboost | " + " | ".join(peers) + " |", "|---" * (len(peers) + 1) + "|"]
+        median = {(r["impl"], cell_key(r)): r["median_ms"] for r in rows if r["status"] == "ok"}
+        for name in ours:
+            cells = []
+            for peer in peers:
+                ratios = [median[(peer, k)] / m for (n, k), m in median.items() if n == name and (peer, k) in median]
+                geo = _geomean(ratios)
+                cells.append("" if geo is None else f"{geo:.2f} ({len(ratios)})")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _rate_unit(device: str) -> str:
+    return "GFLOP/s" if device == "cpu" else "TFLOP/s"
+
+
+def _rate_scale(device: str) -> float:
+    return 1e3 if device == "cpu" else 1.0
+
+
+# ---- console --------------------------------------------------------------------------------
+
+def _fmt(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def table_rows(rows: list[dict], device: str) -> list[list[str]]:
+    scale = _rate_scale(device)
+    out = []
+    for r in rows:
+        ok = r["status"] == "ok"
+        status = r["status"] + (f": {r['reason']}" if r["reason"] else "")
+        mb = r.get("mem_extra_bytes")
+        out.append([
+            f"L={r['seqlen']} B={r['batch']} H={r['heads']}/{r['kv_heads']} D={r['head_dim']} {r['dtype']}"
+            f"{' causal' if r['causal'] else ''}{' ' + r['label'] if r['label'] else ''}",
+            r["impl"], status,
+            _fmt(r.get("median_ms"), ".4g") if ok else "",
+            f"{r['q1_ms']:.3g}-{r['q3_ms']:.3g}" if ok else "",
+            _fmt(r["tflops"] * scale, ".1f") if ok else "",
+            _fmt(r.get("tokens_per_s") and r["tokens_per_s"] / 1e6, ".3g") if ok else "",
+            _fmt(mb and mb / 2**20, ".1f") if ok else "",
+            _fmt(r.get("speedup"), ".2f"),
+        ])
+    return out
+
+
+def table_header(device: str, baseline: str) -> list[str]:
+    return ["cell", "impl", "status", "median ms", "IQR ms", _rate_unit(device), "Mtok/s", "extra MB",
+            f"x {baseline}"]
+
+
+def print_table(rows: list[dict], impls: list[dict], device: str, baseline: str, console=None) -> None:
+    """A rich table when `console` (a rich Console) is given, plain aligned text otherwise."""
+    header = table_header(device, baseline)
+    body = table_rows(rows, device)
+    missing = [[i["name"], "not installed" if "not installed" in i["missing"] else "not run", i["missing"]]
+               for i in impls if i["missing"]]
+    if console is not None:
+        from rich.table import Table
+        table = Table(*header, title=f"waveboost bench ({device})", show_lines=False)
+        previous = None
+        for r, cells in zip(rows, body):
+            key = cell_key(r)
+            if previous is not None and key != previous:
+                table.add_section()
+            style = STATUS_STYLE.get(r["status"], "")
+            table.add_row(cells[0] if key != previous else "", cells[1], f"[{style}]{cells[2]}[/]", *cells[3:])
+            previous = key
+        for name, state, why in missing:
+            table.add_section()
+            table.add_row("(all)", name, f"[dim]{state}: {why}[/]", *[""] * (len(header) - 3))
+        console.print(table)
+        return
+    lines = [header] + [[c if len(c) <= 60 else c[:57] + "..." for c in cells] for cells in body]
+    lines += [["(all)", name, f"{state}: {why}"] + [""] * (len(header) - 3) for name, state, why in missing]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
