@@ -23,8 +23,8 @@ template <typename Element, int kHeadDim>
 struct FlashSimtTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the SIMT path is specialized for head_dim 64 and 128");
 
-  // 4 warps: with the 4x4 micro-tile below that is 64 query rows, and ~60 KB
-  // of shared memory per block, so 3 blocks (12 warps) share an H100 SM.
+  // 4 warps: with the 4-row micro-tile below that is 64 query rows and 52-60 KB
+  // of shared memory per block, which fits every target from sm_75 (64 KB) up.
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
 
@@ -66,10 +66,10 @@ struct FlashSimtTraits {
   static constexpr int kQChunks = kBlockM * kChunksPerRow / kThreads;
 
   // The d loop of S and the key loop of P V are unrolled by these factors,
-  // not fully: a fully unrolled body of both products would be ~70 KB of
-  // SASS, far beyond the instruction cache the 12 resident warps share.
-  static constexpr int kUnrollQK = 4;
-  static constexpr int kUnrollPV = 4;
+  // not fully: that is enough for ptxas to pipeline the shared-memory loads,
+  // and keeps the loop bodies a few KB of SASS for the instruction cache.
+  static constexpr int kUnrollQK = 8;
+  static constexpr int kUnrollPV = 2;
 
   static constexpr int kQTileFloats = kBlockM * kRowStride;
   static constexpr int kKvTileFloats = kBlockN * kRowStride;
@@ -77,9 +77,11 @@ struct FlashSimtTraits {
   static constexpr int kSmemBytes =
       static_cast<int>(sizeof(float)) * (kQTileFloats + kKvTileFloats + kProbTileFloats);
 
-  // Occupancy target for __launch_bounds__: 3 blocks fit the register file at
-  // <= 168 registers per thread and the H100 shared memory at ~60 KB each.
-  static constexpr int kMinBlocksPerSm = 3;
+  // Occupancy target for __launch_bounds__: 2 blocks (8 warps) per SM, the
+  // regime of register-blocked SIMT GEMMs: up to 255 registers per thread
+  // buys 64 accumulators, 32 staging registers and pipelined fragments with
+  // no spills. At 3 (<= 168 registers) ptxas spills 16-60 bytes at D=128.
+  static constexpr int kMinBlocksPerSm = 2;
 
   static_assert(kBlockN % kColGroups == 0 && kBlockN % 4 == 0, "keys per thread must be whole float4 steps");
   static_assert(kDimsPerThread % 4 == 0, "head dims per thread must be whole float4 groups");

@@ -55,6 +55,10 @@ struct FlashWmmaTraits {
   static constexpr int kRowFrags = kRowsPerWarp / kFrag;
   static constexpr int kKeyFrags = kBlockN / kFrag;
   static constexpr int kDimFrags = kHeadDim / kFrag;
+  // S is computed and stored in passes of 32 keys: with O resident (128 registers per lane at
+  // D=128), a whole 64-key S (64 more) spilled; the cost is one more read of the Q fragments per tile.
+  static constexpr int kScorePassKeys = 32;
+  static constexpr int kScorePassFrags = kScorePassKeys / kFrag;
 
   // +8 elements (16 B) per Q/K/V row: consecutive rows start 16 B apart modulo 128 B, so the
   // eight 16 B rows of one fragment-load phase fall in distinct banks.
@@ -80,8 +84,11 @@ struct FlashWmmaTraits {
   static constexpr int kChunk = 16 / int(sizeof(Element));
 
   static_assert(kHeadDim % kBlockN == 0, "the epilogue writes O in kBlockN-column slices");
+  static_assert(kBlockN % kScorePassKeys == 0);
   static_assert(kRowsPerWarp == 32, "one lane per query row of the warp");
-  static_assert(kThreads % (kHeadDim / kChunk) == 0 && kBlockN % (kThreads / (kHeadDim / kChunk)) == 0);
+  // Whole passes of 16 B chunks over the Q and K/V tiles.
+  static_assert(kThreads % (kHeadDim / kChunk) == 0 && kBlockN % (kThreads / (kHeadDim / kChunk)) == 0 &&
+                kBlockM % (kThreads / (kHeadDim / kChunk)) == 0);
   static_assert(kQTileBytes % 128 == 0 && kKVTileBytes % 128 == 0 && kScratchBytes % 128 == 0);
 };
 
@@ -93,6 +100,17 @@ inline constexpr bool kWmmaElementOnThisArch =
     !std::is_same_v<Element, __nv_bfloat16>;
 #else
     true;
+#endif
+
+// Blocks per SM the register allocation must allow. On sm_90, three D=64 blocks (72 KB each)
+// fit the 228 KB of shared memory if each thread stays within 168 registers, which ptxas meets
+// without spilling; elsewhere shared memory allows two at most and 255 registers keep two.
+template <int kHeadDim, int kBlockN>
+inline constexpr int kFlashWmmaMinBlocksPerSm =
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    kHeadDim == 64 && kBlockN == 64 ? 3 : 1;
+#else
+    1;
 #endif
 
 namespace flash_wmma {
@@ -109,6 +127,33 @@ template <typename Element>
 using ValueFragmentB = wmma::fragment<wmma::matrix_b, 16, 16, 16, Element, wmma::row_major>;
 
 static_assert(AccumFragment::num_elements <= 8, "the row map packs one 4-bit row per accumulator element");
+
+// nvcc 13.0 emits wmma.load for bf16 without the .shared state space even for shared-memory
+// pointers (fp16 gets it), and generic wmma loads lower to 32-bit LDs plus MOVM transposes
+// instead of ldmatrix: twice the instructions and enough extra registers to spill at D=128.
+// For bf16 this issues the same wmma.load with .shared spelled out, writing the fragment's
+// four 32-bit registers exactly as the nvcuda::wmma intrinsic does.
+template <typename Use, typename Layout, typename Element>
+__device__ __forceinline__ void load_fragment(wmma::fragment<Use, 16, 16, 16, Element, Layout>& f, const Element* smem,
+                                              unsigned ldm) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    uint32_t* r = reinterpret_cast<uint32_t*>(&f);
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    if constexpr (std::is_same_v<Use, wmma::matrix_a> && std::is_same_v<Layout, wmma::row_major>) {
+      asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;\n"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr), "r"(ldm) : "memory");
+    } else if constexpr (std::is_same_v<Use, wmma::matrix_b> && std::is_same_v<Layout, wmma::col_major>) {
+      asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;\n"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr), "r"(ldm) : "memory");
+    } else {
+      static_assert(std::is_same_v<Use, wmma::matrix_b> && std::is_same_v<Layout, wmma::row_major>);
+      asm volatile("wmma.load.b.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;\n"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr), "r"(ldm) : "memory");
+    }
+  } else {
+    wmma::load_matrix_sync(f, smem, ldm);
+  }
+}
 
 __device__ __forceinline__ float exp2(float x) {
   float y;
@@ -216,28 +261,38 @@ __device__ __forceinline__ void rescale(AccumFragment (&o)[Traits::kRowFrags][Tr
 // The two products
 // ----------------------------------------------------------------------------
 
-// S = Q K^T for the warp's kRowsPerWarp rows and the tile's kBlockN keys.
+// S = Q K^T for the warp's kRowsPerWarp rows and kScorePassKeys keys (rows of k_keys), stored
+// to the score scratch at column `first_col`.
 template <typename Traits>
-__device__ __forceinline__ void scores(AccumFragment (&s)[Traits::kRowFrags][Traits::kKeyFrags],
-                                       const typename Traits::Element* q_warp, const typename Traits::Element* k_tile) {
+__device__ __forceinline__ void scores(float* scratch, int first_col, const typename Traits::Element* q_warp,
+                                       const typename Traits::Element* k_keys) {
   using Element = typename Traits::Element;
+  AccumFragment s[Traits::kRowFrags][Traits::kScorePassFrags];
 #pragma unroll
   for (int rb = 0; rb < Traits::kRowFrags; ++rb) {
 #pragma unroll
-    for (int cb = 0; cb < Traits::kKeyFrags; ++cb) wmma::fill_fragment(s[rb][cb], 0.f);
+    for (int cb = 0; cb < Traits::kScorePassFrags; ++cb) wmma::fill_fragment(s[rb][cb], 0.f);
   }
 #pragma unroll
   for (int kk = 0; kk < Traits::kDimFrags; ++kk) {
     RowFragmentA<Element> q[Traits::kRowFrags];
 #pragma unroll
     for (int rb = 0; rb < Traits::kRowFrags; ++rb)
-      wmma::load_matrix_sync(q[rb], q_warp + rb * 16 * Traits::kTileLd + kk * 16, Traits::kTileLd);
+      load_fragment(q[rb], q_warp + rb * 16 * Traits::kTileLd + kk * 16, Traits::kTileLd);
 #pragma unroll
-    for (int cb = 0; cb < Traits::kKeyFrags; ++cb) {
+    for (int cb = 0; cb < Traits::kScorePassFrags; ++cb) {
       KeyFragmentB<Element> k;
-      wmma::load_matrix_sync(k, k_tile + cb * 16 * Traits::kTileLd + kk * 16, Traits::kTileLd);
+      load_fragment(k, k_keys + cb * 16 * Traits::kTileLd + kk * 16, Traits::kTileLd);
 #pragma unroll
       for (int rb = 0; rb < Traits::kRowFrags; ++rb) wmma::mma_sync(s[rb][cb], q[rb], k, s[rb][cb]);
+    }
+  }
+#pragma unroll
+  for (int rb = 0; rb < Traits::kRowFrags; ++rb) {
+#pragma unroll
+    for (int cb = 0; cb < Traits::kScorePassFrags; ++cb) {
+      wmma::store_matrix_sync(scratch + rb * 16 * Traits::kScoreLd + first_col + cb * 16, s[rb][cb], Traits::kScoreLd,
+                              wmma::mem_row_major);
     }
   }
 }
@@ -253,11 +308,11 @@ __device__ __forceinline__ void accumulate_pv(AccumFragment (&o)[Traits::kRowFra
     RowFragmentA<Element> p[Traits::kRowFrags];
 #pragma unroll
     for (int rb = 0; rb < Traits::kRowFrags; ++rb)
-      wmma::load_matrix_sync(p[rb], prob + rb * 16 * Traits::kProbLd + kk * 16, Traits::kProbLd);
+      load_fragment(p[rb], prob + rb * 16 * Traits::kProbLd + kk * 16, Traits::kProbLd);
 #pragma unroll
     for (int cb = 0; cb < Traits::kDimFrags; ++cb) {
       ValueFragmentB<Element> v;
-      wmma::load_matrix_sync(v, v_tile + kk * 16 * Traits::kTileLd + cb * 16, Traits::kTileLd);
+      load_fragment(v, v_tile + kk * 16 * Traits::kTileLd + cb * 16, Traits::kTileLd);
 #pragma unroll
       for (int rb = 0; rb < Traits::kRowFrags; ++rb) wmma::mma_sync(o[rb][cb], p[rb], v, o[rb][cb]);
     }
@@ -298,42 +353,41 @@ __device__ __forceinline__ float online_softmax(float* scratch, int lane, float 
                                                 int visible_keys, float& running_max, float& running_sum) {
   using Element = typename Traits::Element;
   constexpr int kCols = Traits::kBlockN;
+  float t[kCols];
   const float4* score_row = reinterpret_cast<const float4*>(scratch + lane * Traits::kScoreLd);
-  const auto scaled = [&](int c4) {
-    const float4 s = score_row[c4];
-    float t[4] = {s.x * scale_log2, s.y * scale_log2, s.z * scale_log2, s.w * scale_log2};
-    if (masked) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) t[e] = 4 * c4 + e < visible_keys ? t[e] : -INFINITY;
-    }
-    return make_float4(t[0], t[1], t[2], t[3]);
-  };
-  float new_max = running_max;
-#pragma unroll
-  for (int c4 = 0; c4 < kCols / 4; ++c4) {
-    const float4 t = scaled(c4);
-    new_max = fmaxf(new_max, fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w)));
+  for (int c = 0; c < kCols / 4; ++c) {
+    const float4 s = score_row[c];
+    t[4 * c + 0] = s.x * scale_log2;
+    t[4 * c + 1] = s.y * scale_log2;
+    t[4 * c + 2] = s.z * scale_log2;
+    t[4 * c + 3] = s.w * scale_log2;
   }
+  if (masked) {
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) t[c] = c < visible_keys ? t[c] : -INFINITY;
+  }
+  const float new_max = fmaxf(running_max, row_max(t));
+  // A row that has seen no key yet keeps max -inf; subtracting 0 instead keeps its
+  // probabilities 0 (never exp2(-inf - -inf) = NaN).
   const float reference = new_max == -INFINITY ? 0.f : new_max;
   const float alpha = exp2(running_max - reference);
   float sum = 0.f;
-  uint32_t packed[kCols / 2];
 #pragma unroll
-  for (int c4 = 0; c4 < kCols / 4; ++c4) {
-    const float4 t = scaled(c4);
-    const float p0 = exp2(t.x - reference), p1 = exp2(t.y - reference);
-    const float p2 = exp2(t.z - reference), p3 = exp2(t.w - reference);
-    sum += (p0 + p1) + (p2 + p3);
-    packed[2 * c4] = pack_pair<Element>(p0, p1);
-    packed[2 * c4 + 1] = pack_pair<Element>(p2, p3);
+  for (int c = 0; c < kCols; ++c) {
+    t[c] = exp2(t[c] - reference);
+    sum += t[c];
   }
   running_sum = running_sum * alpha + sum;
   running_max = new_max;
 
-  __syncwarp();
+  __syncwarp();  // every lane has read its scores before P overwrites them
   uint4* prob_row = reinterpret_cast<uint4*>(reinterpret_cast<Element*>(scratch) + lane * Traits::kProbLd);
 #pragma unroll
-  for (int c = 0; c < kCols / 8; ++c) prob_row[c] = make_uint4(packed[4 * c], packed[4 * c + 1], packed[4 * c + 2], packed[4 * c + 3]);
+  for (int c = 0; c < kCols / 8; ++c) {
+    prob_row[c] = make_uint4(pack_pair<Element>(t[8 * c + 0], t[8 * c + 1]), pack_pair<Element>(t[8 * c + 2], t[8 * c + 3]),
+                             pack_pair<Element>(t[8 * c + 4], t[8 * c + 5]), pack_pair<Element>(t[8 * c + 6], t[8 * c + 7]));
+  }
   return alpha;
 }
 
@@ -468,14 +522,10 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
     load_tile<Traits, kBlockN>(v_tile, v + n0 * p.v_row_stride, p.v_row_stride, p.seqlen_k - n0, vectorized);
     commit_copies();
 
-    AccumFragment s[Traits::kRowFrags][Traits::kKeyFrags];
-    scores<Traits>(s, q_warp, k_tile);
 #pragma unroll
-    for (int rb = 0; rb < Traits::kRowFrags; ++rb) {
-#pragma unroll
-      for (int cb = 0; cb < Traits::kKeyFrags; ++cb)
-        wmma::store_matrix_sync(scratch + rb * 16 * Traits::kScoreLd + cb * 16, s[rb][cb], Traits::kScoreLd,
-                                wmma::mem_row_major);
+    for (int pass = 0; pass < kBlockN / Traits::kScorePassKeys; ++pass) {
+      const int first_key = pass * Traits::kScorePassKeys;
+      scores<Traits>(scratch, first_key, q_warp, k_tile + first_key * Traits::kTileLd);
     }
     __syncwarp();
 
@@ -521,7 +571,8 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
 
 /// \brief Flash attention forward on tensor cores; grid (query blocks, batch*heads folded over y and z).
 template <typename Element, int kHeadDim, int kBlockN>
-__global__ void __launch_bounds__(FlashWmmaTraits<Element, kHeadDim, kBlockN>::kThreads)
+__global__ void __launch_bounds__(FlashWmmaTraits<Element, kHeadDim, kBlockN>::kThreads,
+                                  kFlashWmmaMinBlocksPerSm<kHeadDim, kBlockN>)
     flash_wmma_kernel(const __grid_constant__ AttentionParams p) {
   if constexpr (kWmmaElementOnThisArch<Element>) {
     flash_wmma::attend_block<FlashWmmaTraits<Element, kHeadDim, kBlockN>>(p);
@@ -530,12 +581,13 @@ __global__ void __launch_bounds__(FlashWmmaTraits<Element, kHeadDim, kBlockN>::k
   }
 }
 
-// Keys per tile for a head dim on a device allowing `smem_optin` bytes of shared memory per
-// block: 64 when it fits (sm_80/90), else 32 (sm_86/89 at D=128, sm_75 at D=64); 0 if neither.
-// (Shared memory does not depend on the 16-bit element type.)
+// Shared memory of a configuration; it does not depend on which 16-bit element type.
 template <int kHeadDim, int kBlockN>
 inline constexpr int kFlashWmmaSmemBytes = FlashWmmaTraits<__half, kHeadDim, kBlockN>::kSmemBytes;
 
+// Keys per tile for a head dim on a device allowing `smem_optin` bytes of shared memory per
+// block: 64 where it fits (sm_80, sm_90; sm_86/89 at D=64), else 32 (sm_86/89 at D=128,
+// sm_75 at D=64); 0 if neither fits (sm_75 at D=128).
 inline int flash_wmma_block_n(int64_t head_dim, int smem_optin) {
   switch (head_dim) {
     case 64:
@@ -552,22 +604,36 @@ inline int flash_wmma_min_smem_bytes(int64_t head_dim) {
   return head_dim == 64 ? kFlashWmmaSmemBytes<64, 32> : kFlashWmmaSmemBytes<128, 32>;
 }
 
+// Launch grid: query blocks in x (< 2^31), batch * heads folded over y and z (each <= 65535).
+struct FlashWmmaGrid {
+  int64_t x = 0, y = 0, z = 0;
+  bool fits() const { return x <= INT32_MAX && y <= 65535 && z <= 65535; }
+};
+
+inline FlashWmmaGrid flash_wmma_grid(const AttentionParams& p) {
+  constexpr int64_t kMaxGridYZ = 65535;
+  constexpr int64_t kBlockM = FlashWmmaTraits<__half, 64, 64>::kBlockM;  // the same in every configuration
+  FlashWmmaGrid grid;
+  const int64_t bh = p.batch * p.heads;
+  grid.x = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  grid.y = bh < kMaxGridYZ ? bh : kMaxGridYZ;
+  grid.z = grid.y > 0 ? (bh + grid.y - 1) / grid.y : 0;
+  return grid;
+}
+
 template <typename Element, int kHeadDim, int kBlockN>
 Status launch_flash_wmma_tiles(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashWmmaTraits<Element, kHeadDim, kBlockN>;
-  constexpr int64_t kMaxGridYZ = 65535;
-  const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  const int64_t bh = p.batch * p.heads;
-  const int64_t grid_y = bh < kMaxGridYZ ? bh : kMaxGridYZ;
-  const int64_t grid_z = (bh + grid_y - 1) / grid_y;
-  if (m_blocks > INT32_MAX || grid_z > kMaxGridYZ) {
+  static_assert(Traits::kBlockM == FlashWmmaTraits<__half, 64, 64>::kBlockM);
+  const FlashWmmaGrid g = flash_wmma_grid(p);
+  if (!g.fits()) {
     return Status::NotSupported("backend 'wmma': seqlen_q " + std::to_string(p.seqlen_q) + " with batch*heads " +
-                                std::to_string(bh) + " exceeds the CUDA grid");
+                                std::to_string(p.batch * p.heads) + " exceeds the CUDA grid limits");
   }
   const auto kernel = flash_wmma_kernel<Element, kHeadDim, kBlockN>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(grid_y), static_cast<unsigned>(grid_z));
+  const dim3 grid(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
   return cuda_status(cudaGetLastError(), "flash_wmma_kernel launch");
 }

@@ -1,0 +1,73 @@
+// Backend "wmma": can_implement and the dtype x head_dim dispatch of the tensor-core flash forward.
+#include <string>
+
+#include "cuda_paths.h"
+#include "waveboost/cuda/flash_wmma.cuh"
+
+namespace waveboost::cuda {
+
+namespace {
+std::string cc_string(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
+}  // namespace
+
+Status wmma_can_implement(const AttentionParams& p) {
+  if (p.device_type != DeviceType::kCUDA) {
+    return Status::NotSupported("backend 'wmma' runs on CUDA devices; got tensors on the CPU");
+  }
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+    return Status::NotSupported(std::string("backend 'wmma' supports float16 and bfloat16; got ") +
+                                dtype_name(p.dtype));
+  }
+  if (p.head_dim != 64 && p.head_dim != 128) {
+    return Status::NotSupported("backend 'wmma' supports head_dim 64 and 128; got " + std::to_string(p.head_dim));
+  }
+  int cc = 0;
+  if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
+  // fp16 wmma arrived with sm_70, bf16 wmma with sm_80.
+  const int needed = p.dtype == DType::kBFloat16 ? 80 : 70;
+  if (cc < needed) {
+    return Status::NotSupported("backend 'wmma' needs compute capability >= " + cc_string(needed) + " for " +
+                                dtype_name(p.dtype) + "; device " + std::to_string(p.device_id) + " has " +
+                                cc_string(cc));
+  }
+  int smem_optin = 0;
+  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
+  if (flash_wmma_block_n(p.head_dim, smem_optin) == 0) {
+    return Status::NotSupported("backend 'wmma' needs " + std::to_string(flash_wmma_min_smem_bytes(p.head_dim)) +
+                                " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
+                                "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
+  }
+  if (!flash_wmma_grid(p).fits()) {
+    return Status::NotSupported("backend 'wmma': seqlen_q " + std::to_string(p.seqlen_q) + " with batch*heads " +
+                                std::to_string(p.batch * p.heads) + " exceeds the CUDA grid limits");
+  }
+  return Status::Ok();
+}
+
+Status wmma_forward(const AttentionParams& p, void* stream) {
+  DeviceGuard guard(p.device_id);
+  if (!guard.status().ok()) return guard.status();
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto unsupported = [&] {
+    return Status::NotSupported(std::string("backend 'wmma' supports float16 and bfloat16 with head_dim 64 and 128; got ") +
+                                dtype_name(p.dtype) + " with head_dim " + std::to_string(p.head_dim));
+  };
+  switch (p.dtype) {
+    case DType::kFloat16:
+      switch (p.head_dim) {
+        case 64: return launch_flash_wmma<__half, 64>(p, s);
+        case 128: return launch_flash_wmma<__half, 128>(p, s);
+        default: return unsupported();
+      }
+    case DType::kBFloat16:
+      switch (p.head_dim) {
+        case 64: return launch_flash_wmma<__nv_bfloat16, 64>(p, s);
+        case 128: return launch_flash_wmma<__nv_bfloat16, 128>(p, s);
+        default: return unsupported();
+      }
+    default:
+      return unsupported();
+  }
+}
+
+}  // namespace waveboost::cuda
