@@ -79,7 +79,8 @@ class Preset:
 
 
 def _model(label, batch, seqlen, heads, kv_heads, head_dim):
-    return dict(label=label, batch=batch, seqlen=seqlen, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    return {"label": label, "batch": batch, "seqlen": seqlen, "heads": heads, "kv_heads": kv_heads,
+            "head_dim": head_dim}
 
 
 PRESETS = {
@@ -144,15 +145,17 @@ def expand(preset: str, device: str, *, seqlens=None, batch=None, heads=None, kv
     if p.rows:
         shapes = []
         for row in p.rows:
-            for b, l, h, kv, d in itertools.product(batch or (row["batch"],), seqlens or (row["seqlen"],),
-                                                    heads or (row["heads"],), kv_heads or (row["kv_heads"],),
-                                                    head_dims or (row["head_dim"],)):
-                shapes.append(dict(batch=b, seqlen=l, heads=h, kv_heads=kv, head_dim=d, label=row["label"]))
+            for b, seqlen, h, kv, d in itertools.product(batch or (row["batch"],), seqlens or (row["seqlen"],),
+                                                         heads or (row["heads"],), kv_heads or (row["kv_heads"],),
+                                                         head_dims or (row["head_dim"],)):
+                shapes.append({"batch": b, "seqlen": seqlen, "heads": h, "kv_heads": kv, "head_dim": d,
+                               "label": row["label"]})
     else:
         shapes = []
-        for d, l in itertools.product(head_dims or p.head_dims, seqlens or p.seqlens):
-            for b, h in itertools.product(batch or ((max(1, p.tokens // l),) if p.tokens else p.batch),
+        for d, seqlen in itertools.product(head_dims or p.head_dims, seqlens or p.seqlens):
+            for b, h in itertools.product(batch or ((max(1, p.tokens // seqlen),) if p.tokens else p.batch),
                                           heads or ((p.hidden // d,) if p.hidden else p.heads)):
                 for kv in kv_heads or (h,):
-                    shapes.append(dict(batch=b, seqlen=l, heads=h, kv_heads=kv, head_dim=d, label=""))
+                    shapes.append({"batch": b, "seqlen": seqlen, "heads": h, "kv_heads": kv, "head_dim": d,
+                                   "label": ""})
     return [Case(dtype=dt, causal=c, **s) for dt, c, s in itertools.product(dtypes, causal, shapes)]

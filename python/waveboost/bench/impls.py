@@ -43,12 +43,11 @@ class Prepared:
 
 @dataclass
 class Impl:
-    """name: unique per device; kind: "waveboost" or "peer" (charts style them apart);
+    """name: unique within a device's registry; kind: "waveboost" or "peer" (charts style them apart);
     score_bytes: bytes per element of the B*H*L*L score matrix when the implementation
     materializes it (0 if not): used to skip cells that would not fit."""
 
     name: str
-    device: str
     prepare: Callable
     missing: Callable[[], str | None]
     kind: str = "peer"
@@ -81,7 +80,7 @@ def _waveboost_missing(backend: str, device: str) -> Callable[[], str | None]:
         if device == "cuda" and module("torch") is None:
             return "torch not installed (CUDA inputs are torch tensors)"
         wb = module("waveboost")
-        if wb is None:
+        if wb is None or not hasattr(wb, "info"):
             return "waveboost not installed"
         info = wb.info()
         if backend not in info.get("backends", ()):
@@ -89,6 +88,15 @@ def _waveboost_missing(backend: str, device: str) -> Callable[[], str | None]:
                 return "waveboost built without CUDA"
             return f"backend {backend!r} not in waveboost.info()['backends']"
         return None
+    return missing
+
+
+def _jax_missing(device: str) -> Callable[[], str | None]:
+    def missing():
+        reason = _needs("jax", "torch")() if device == "cuda" else _needs("jax")()
+        if reason is None and device == "cuda" and module("jax").default_backend() != "gpu":
+            return "jax has no GPU backend (pip install 'jax[cuda13]')"
+        return reason
     return missing
 
 
@@ -163,22 +171,23 @@ def _numpy_prepare(case, x):
     """softmax(Q K^T) V in the inputs' dtype, the scores materialized (the original baseline).
 
     Queries are grouped per kv head, (B, Hkv, G, L, D), so GQA needs no copies of K and V."""
-    b, l, h, d = x.q.shape
+    b, seqlen, h, d = x.q.shape
     g = h // case.kv_heads
-    q = np.ascontiguousarray(x.q.reshape(b, l, case.kv_heads, g, d).transpose(0, 2, 3, 1, 4))
+    q = np.ascontiguousarray(x.q.reshape(b, seqlen, case.kv_heads, g, d).transpose(0, 2, 3, 1, 4))
     kt = np.ascontiguousarray(x.k.transpose(0, 2, 3, 1))[:, :, None]  # (B, Hkv, 1, D, L)
     v = np.ascontiguousarray(x.v.transpose(0, 2, 1, 3))[:, :, None]  # (B, Hkv, 1, L, D)
     scale = x.q.dtype.type(1.0 / np.sqrt(d))
-    future = np.triu(np.ones((l, l), dtype=bool), k=1)
+    # Adding a 0/-inf matrix is ~10x faster than assigning -inf through a boolean index.
+    mask = np.triu(np.full((seqlen, seqlen), -np.inf, dtype=x.q.dtype), k=1)
 
     def run():
         s = (q @ kt) * scale
         if case.causal:
-            s[..., future] = -np.inf
+            s += mask
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
         s /= s.sum(axis=-1, keepdims=True)
-        return (s @ v).transpose(0, 3, 1, 2, 4).reshape(b, l, h, d)
+        return (s @ v).transpose(0, 3, 1, 2, 4).reshape(b, seqlen, h, d)
 
     yield Prepared(run=run)
 
@@ -187,19 +196,20 @@ def registry(device: str) -> list[Impl]:
     """All implementations known for `device` ("cpu" or "cuda"), available or not."""
     if device == "cpu":
         return [
-            Impl("waveboost_cpu", "cpu", _waveboost("cpu", "host"), _waveboost_missing("cpu", "cpu"), "waveboost"),
-            Impl("torch_sdpa", "cpu", _sdpa(None), _needs("torch")),
-            Impl("jax_xla", "cpu", _jax("xla"), _needs("jax"), score_bytes=8),
-            Impl("numpy", "cpu", _numpy_prepare, lambda: None, score_bytes=12),
+            Impl("waveboost_cpu", _waveboost("cpu", "host"), _waveboost_missing("cpu", "cpu"), "waveboost"),
+            Impl("torch_sdpa", _sdpa(None), _needs("torch")),
+            Impl("jax_xla", _jax("xla"), _jax_missing("cpu"), score_bytes=8),
+            Impl("numpy", _numpy_prepare, lambda: None, score_bytes=12),
         ]
-    wb = module("waveboost") if module("torch") is not None else None
-    extra = [b for b in (wb.info().get("backends", ()) if wb else ()) if b not in WAVEBOOST_CUDA_BACKENDS + ("cpu", "auto")]
-    impls = [Impl(f"waveboost_{b}", "cuda", _waveboost(b, "cuda-event"), _waveboost_missing(b, "cuda"), "waveboost",
+    wb = module("waveboost")
+    listed = wb.info().get("backends", ()) if hasattr(wb, "info") else ()
+    extra = [b for b in listed if b not in WAVEBOOST_CUDA_BACKENDS + ("cpu", "auto")]
+    impls = [Impl(f"waveboost_{b}", _waveboost(b, "cuda-event"), _waveboost_missing(b, "cuda"), "waveboost",
                   score_bytes=8 if b == "naive" else 0)  # naive: fp32 scores, then probabilities
              for b in WAVEBOOST_CUDA_BACKENDS + tuple(extra)]
     # sdpa_math keeps fp32 scores, probabilities and casts: 9.7 GB for 1.07e9 scores (ANCHORS.md).
-    impls += [Impl(name, "cuda", _sdpa(backend), _needs("torch"), score_bytes=10 if name == "sdpa_math" else 0)
+    impls += [Impl(name, _sdpa(backend), _needs("torch"), score_bytes=10 if name == "sdpa_math" else 0)
               for name, backend in SDPA_BACKENDS.items()]
-    impls += [Impl("jax_cudnn", "cuda", _jax("cudnn"), _needs("jax", "torch")),
-              Impl("jax_xla", "cuda", _jax("xla"), _needs("jax", "torch"), score_bytes=8)]
+    impls += [Impl("jax_cudnn", _jax("cudnn"), _jax_missing("cuda")),
+              Impl("jax_xla", _jax("xla"), _jax_missing("cuda"), score_bytes=8)]
     return impls

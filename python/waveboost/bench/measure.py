@@ -56,7 +56,8 @@ def make_inputs(case: Case, device: str, seed: int) -> Inputs:
     kv_shape = (case.batch, case.seqlen, case.kv_heads, case.head_dim)
     if device == "cpu":
         rng = np.random.default_rng(seed)
-        return Inputs(*(rng.standard_normal(s, dtype=np.float64).astype(case.dtype) for s in (q_shape, kv_shape, kv_shape)))
+        shapes = (q_shape, kv_shape, kv_shape)
+        return Inputs(*(rng.standard_normal(s, dtype=np.float64).astype(case.dtype) for s in shapes))
     torch = module("torch")
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dtype = getattr(torch, case.dtype)
@@ -192,9 +193,10 @@ def measure_memory(prep, device: str, mempool=None) -> tuple[int, str]:
     """Peak extra memory of one call, output included, inputs excluded -> (bytes, method).
 
     CUDA: torch allocator peak minus what was allocated before, plus the default mempool's
-    high watermark minus its use before. CPU: the larger of tracemalloc's peak (NumPy and
-    Python allocations) and the peak-RSS growth (everything, at page granularity; memory the
-    allocator kept from earlier calls is reused unseen, so it is a lower bound)."""
+    high watermark minus its use before. CPU: the largest of tracemalloc's peak (NumPy and
+    Python allocations), the peak-RSS growth (everything, at page granularity) and the
+    output's size. Memory that malloc kept from earlier calls is reused unseen by RSS, so the
+    CPU number is a lower bound for allocations made outside NumPy (torch, C++)."""
     if prep.memory is not None:
         return prep.memory()
     if device == "cuda":
@@ -219,11 +221,12 @@ def measure_memory(prep, device: str, mempool=None) -> tuple[int, str]:
         traced = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    del out
     hwm = _proc_status_kb("VmHWM")
+    output = int(getattr(out, "nbytes", 0))  # torch's CPU allocator is invisible to tracemalloc
+    del out
     if rss_ok and rss_base is not None and hwm is not None:
-        return max(traced, (hwm - rss_base) * 1024), "max(tracemalloc,rss-peak)"
-    return traced, "tracemalloc"
+        return max(traced, (hwm - rss_base) * 1024, output), "max(tracemalloc,rss-peak,output)"
+    return max(traced, output), "max(tracemalloc,output)"
 
 
 # ---- time -----------------------------------------------------------------------------------
@@ -281,9 +284,14 @@ def _classify(exc: Exception, caught) -> tuple[str, str]:
     if isinstance(exc, MemoryError) or "out of memory" in lowered or "resource_exhausted" in lowered:
         return "skipped", "out of memory"
     if "no available kernel" in lowered or "no viable backend" in lowered:
-        # torch says why each kernel declined in warnings; the first names the real limit.
-        reasons = [str(w.message).strip().splitlines()[0] for w in caught]
-        return "unsupported", (reasons[0] if reasons else text)[:200]
+        # torch says why a forced kernel declined in warnings: "<kernel> not used because:"
+        # headers, each followed by the reason, "(Triggered internally at ...)" appended.
+        reasons = []
+        for w in caught:
+            line = str(w.message).split("(Triggered internally")[0].strip()
+            if line and not line.endswith(":") and line not in reasons:
+                reasons.append(line)
+        return "unsupported", ("; ".join(reasons) or text)[:200]
     if isinstance(exc, (ValueError, NotImplementedError, TypeError)):
         return "unsupported", text[:200]
     return "error", f"{type(exc).__name__}: {text}"[:200]

@@ -21,6 +21,7 @@ CSV_COLUMNS = {
     "throughput.csv": CASE_COLUMNS + ["impl", "status", "median_ms", "tokens_per_s", "tflops"],
     "memory.csv": CASE_COLUMNS + ["impl", "status", "mem_extra_bytes", "mem_extra_mb", "mem_method"],
 }
+SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 STATUS_STYLE = {"ok": "green", "WRONG": "bold red", "error": "red", "unsupported": "yellow", "skipped": "yellow",
                 "not installed": "dim"}
 
@@ -38,7 +39,7 @@ def add_speedups(rows: list[dict], baseline: str) -> None:
         r["speedup"] = b / r["median_ms"] if b and r["status"] == "ok" else None
 
 
-def _geomean(values) -> float | None:
+def geomean(values) -> float | None:
     values = [v for v in values if v]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
@@ -50,7 +51,7 @@ def _nvidia_driver() -> str | None:
         return None
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
+                             capture_output=True, text=True, timeout=20, check=False)
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -75,6 +76,8 @@ def environment(device: str) -> dict:
         versions[name] = getattr(mod, "__version__", None) if mod else None
     env = {"device": device, "platform": platform.platform(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
            "versions": versions}
+    if hasattr(os, "getloadavg"):  # other work on the machine skews CPU timings most: say how busy it was
+        env["load_average_1_5_15m"] = [round(x, 2) for x in os.getloadavg()]
     wb = module("waveboost")
     if wb is not None:
         env["waveboost_info"] = wb.info()
@@ -136,16 +139,16 @@ def summary_markdown(meta: dict, impls: list[dict], rows: list[dict]) -> str:
     env = meta["environment"]
     baseline = meta["settings"]["baseline"]
     lines = [f"# {env['name']} ({env['device']}), {meta['date']}", "", f"Command: `{meta['command']}`", "",
-             f"| impl | ok | WRONG | other | geomean speedup vs {baseline} | best {_rate_unit(env['device'])} |",
+             f"| impl | ok | WRONG | other | geomean speedup vs {baseline} | best {rate_unit(env['device'])} |",
              "|---|---|---|---|---|---|"]
     by_impl = defaultdict(list)
     for r in rows:
         by_impl[r["impl"]].append(r)
-    scale = _rate_scale(env["device"])
+    scale = rate_scale(env["device"])
     for name, rs in by_impl.items():
         ok = [r for r in rs if r["status"] == "ok"]
         wrong = sum(r["status"] == "WRONG" for r in rs)
-        geo = _geomean(r["speedup"] for r in ok)
+        geo = geomean(r["speedup"] for r in ok)
         best = max((r["tflops"] * scale for r in ok), default=None)
         lines.append(f"| {name} | {len(ok)} | {wrong} | {len(rs) - len(ok) - wrong} | "
                      f"{'' if geo is None else f'{geo:.2f}'} | {'' if best is None else f'{best:.1f}'} |")
@@ -155,24 +158,25 @@ def summary_markdown(meta: dict, impls: list[dict], rows: list[dict]) -> str:
     ours = [n for n in by_impl if n.startswith("waveboost_")]
     peers = [n for n in by_impl if not n.startswith("waveboost_")]
     if ours and peers:
-        lines += ["", "Peer latency / waveboost latency, geometric mean over the cells both ran (> 1: waveboost faster):",
+        lines += ["", "Peer latency / waveboost latency, geometric mean over the cells both ran "
+                      "(> 1: waveboost faster; cells in brackets):",
                   "", "| waveboost | " + " | ".join(peers) + " |", "|---" * (len(peers) + 1) + "|"]
         median = {(r["impl"], cell_key(r)): r["median_ms"] for r in rows if r["status"] == "ok"}
         for name in ours:
             cells = []
             for peer in peers:
                 ratios = [median[(peer, k)] / m for (n, k), m in median.items() if n == name and (peer, k) in median]
-                geo = _geomean(ratios)
+                geo = geomean(ratios)
                 cells.append("" if geo is None else f"{geo:.2f} ({len(ratios)})")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _rate_unit(device: str) -> str:
+def rate_unit(device: str) -> str:
     return "GFLOP/s" if device == "cpu" else "TFLOP/s"
 
 
-def _rate_scale(device: str) -> float:
+def rate_scale(device: str) -> float:
     return 1e3 if device == "cpu" else 1.0
 
 
@@ -183,15 +187,17 @@ def _fmt(value, spec: str) -> str:
 
 
 def table_rows(rows: list[dict], device: str) -> list[list[str]]:
-    scale = _rate_scale(device)
+    scale = rate_scale(device)
     out = []
     for r in rows:
         ok = r["status"] == "ok"
         status = r["status"] + (f": {r['reason']}" if r["reason"] else "")
         mb = r.get("mem_extra_bytes")
+        kv = f"/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else ""
+        cell = (f"{r['label'] + ' ' if r['label'] else ''}L={r['seqlen']} B={r['batch']} H={r['heads']}{kv} "
+                f"D={r['head_dim']} {SHORT_DTYPE[r['dtype']]}{' causal' if r['causal'] else ''}")
         out.append([
-            f"L={r['seqlen']} B={r['batch']} H={r['heads']}/{r['kv_heads']} D={r['head_dim']} {r['dtype']}"
-            f"{' causal' if r['causal'] else ''}{' ' + r['label'] if r['label'] else ''}",
+            cell,
             r["impl"], status,
             _fmt(r.get("median_ms"), ".4g") if ok else "",
             f"{r['q1_ms']:.3g}-{r['q3_ms']:.3g}" if ok else "",
@@ -204,7 +210,7 @@ def table_rows(rows: list[dict], device: str) -> list[list[str]]:
 
 
 def table_header(device: str, baseline: str) -> list[str]:
-    return ["cell", "impl", "status", "median ms", "IQR ms", _rate_unit(device), "Mtok/s", "extra MB",
+    return ["cell", "impl", "status", "median ms", "IQR ms", rate_unit(device), "Mtok/s", "extra MB",
             f"x {baseline}"]
 
 

@@ -1,0 +1,185 @@
+"""The command line of the benchmark suite: `python -m waveboost.bench`, `waveboost-bench`."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import shlex
+import sys
+import time
+from contextlib import contextmanager
+from datetime import datetime
+
+from . import grid, impls, measure, report
+
+DEFAULTS = {  # per device: max timed calls, time budget per cell and implementation, memory limit
+    "cpu": {"repeats": 20, "budget_ms": 200.0, "mem_limit_gb": 20.0},
+    "cuda": {"repeats": 50, "budget_ms": 200.0, "mem_limit_gb": 20.0},
+}
+DEFAULT_BASELINE = {"cpu": ("torch_sdpa", "numpy"), "cuda": ("sdpa_flash", "sdpa_eff", "sdpa_math")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    presets = "; ".join(f"{name}: {p.doc}" for name, p in grid.PRESETS.items())
+    p = argparse.ArgumentParser(
+        prog="python -m waveboost.bench",
+        description="Latency, throughput and peak memory of waveboost's attention against its peers, each "
+                    "output checked against a float64 reference before it is timed.",
+        epilog=f"Presets -- {presets}. Axis flags take comma-separated lists and replace the preset's axis.")
+    p.add_argument("--preset", choices=sorted(grid.PRESETS), help="grid to run (default: quick)")
+    p.add_argument("--quick", action="store_true", help="same as --preset quick")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: cuda when torch sees a GPU, else cpu")
+    p.add_argument("--impls", help="comma-separated names or globs (e.g. 'waveboost_*,sdpa_flash'); default: all")
+    p.add_argument("--baseline", help="implementation the speedups divide by (default: sdpa_flash on cuda, "
+                                      "torch_sdpa or numpy on cpu)")
+    p.add_argument("--dtypes", help="e.g. float16,bfloat16 (fp16, bf16, fp32 accepted)")
+    p.add_argument("--seqlens", help="e.g. 512,1024,2048")
+    p.add_argument("--batch", help="e.g. 1,8,32 (fa2 default: 16384 / L)")
+    p.add_argument("--heads", help="query heads (fa2 default: 2048 / D)")
+    p.add_argument("--kv-heads", help="kv heads for GQA/MQA (default: = heads)")
+    p.add_argument("--head-dims", help="e.g. 64,128")
+    p.add_argument("--causal", choices=("0", "1", "both"), help="causal mask (default: the preset's)")
+    p.add_argument("--repeats", type=int, help="most timed calls per cell (default: 20 cpu, 50 cuda)")
+    p.add_argument("--budget-ms", type=float, help="time budget of the timed calls per cell (default: 200)")
+    p.add_argument("--mem-limit-gb", type=float,
+                   help="skip implementations whose score matrix would need more (default: 20)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
+    p.add_argument("--out", help="output folder (default: bench-results/<device>-<YYYYMMDD-HHMM>)")
+    p.add_argument("--no-charts", action="store_true", help="write no PNG charts")
+    p.add_argument("--plain", action="store_true", help="plain text output even when rich is installed")
+    p.add_argument("--list", action="store_true", help="list presets and implementations, then exit")
+    return p
+
+
+def resolve_device(requested: str) -> str:
+    torch = impls.module("torch") if requested != "cpu" else None
+    has_cuda = bool(torch is not None and torch.cuda.is_available())
+    if requested == "cuda" and not has_cuda:
+        raise SystemExit("--device cuda: no CUDA device visible to torch (the CUDA runs use torch tensors, "
+                         "CUDA events and a torch float64 reference)")
+    return "cuda" if has_cuda else "cpu"
+
+
+def select(registry: list, patterns: str | None) -> list:
+    if not patterns:
+        return registry
+    names = [i.name for i in registry]
+    chosen = []
+    for pattern in (p.strip() for p in patterns.split(",") if p.strip()):
+        matched = [i for i in registry if fnmatch.fnmatchcase(i.name, pattern) and i not in chosen]
+        if not matched and not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            raise SystemExit(f"--impls: {pattern!r} matches none of {', '.join(names)}")
+        chosen += matched
+    return chosen
+
+
+@contextmanager
+def progress_bar(total: int, use_rich: bool):
+    """Yields advance(description): a rich bar on stderr, or one plain line per cell."""
+    if use_rich:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("", total=total)
+            yield lambda text, steps=1: bar.update(task, advance=steps, description=text)
+        return
+    done = [0]
+
+    def advance(text, steps=1):
+        done[0] += steps
+        print(f"[{done[0]}/{total}] {text}", file=sys.stderr, flush=True)
+    yield advance
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmark; returns 1 when a waveboost implementation is WRONG or errors, else 0."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    device = resolve_device(args.device)
+    registry = impls.registry(device)
+    if args.list:
+        for name, p in grid.PRESETS.items():
+            print(f"preset {name:8s} {p.doc}")
+        for impl in registry:
+            print(f"{device:5s} {impl.name:16s} {impl.missing() or 'available'}")
+        return 0
+
+    preset = "quick" if args.quick else args.preset or "quick"
+    try:
+        cases = grid.expand(preset, device, seqlens=grid.parse_ints(args.seqlens), batch=grid.parse_ints(args.batch),
+                            heads=grid.parse_ints(args.heads), kv_heads=grid.parse_ints(args.kv_heads),
+                            head_dims=grid.parse_ints(args.head_dims), dtypes=grid.parse_dtypes(args.dtypes),
+                            causal=grid.parse_causal(args.causal))
+    except ValueError as exc:
+        parser.error(str(exc))
+    if device == "cpu" and any(c.dtype in ("float16", "bfloat16") for c in cases):
+        parser.error("--dtypes: the CPU runs take float32 and float64")
+
+    chosen = select(registry, args.impls)
+    impl_info = [{"name": i.name, "kind": i.kind, "missing": i.missing()} for i in chosen]
+    runnable = [i for i, info in zip(chosen, impl_info) if not info["missing"]]
+    names = [i.name for i in chosen]
+    baseline = args.baseline or next((n for n in DEFAULT_BASELINE[device] if n in [i.name for i in runnable]),
+                                     runnable[0].name if runnable else "")
+    if args.baseline and args.baseline not in names:
+        parser.error(f"--baseline {args.baseline!r} is not among the implementations: {', '.join(names)}")
+
+    d = DEFAULTS[device]
+    settings = measure.Settings(device=device, repeats=args.repeats or d["repeats"],
+                                budget_s=(args.budget_ms or d["budget_ms"]) / 1e3,
+                                mem_limit_bytes=(args.mem_limit_gb or d["mem_limit_gb"]) * 1e9, seed=args.seed)
+    env = report.environment(device)
+    stamp = datetime.now().astimezone()
+    out_dir = args.out or os.path.join("bench-results", f"{report.slug(env['name'])}-{stamp:%Y%m%d-%H%M}")
+    meta = {"tool": "waveboost.bench", "date": stamp.isoformat(timespec="seconds"),
+            "command": "python -m waveboost.bench " + shlex.join(argv), "environment": env,
+            "settings": {"preset": preset, "baseline": baseline, "repeats": settings.repeats,
+                         "budget_ms": settings.budget_s * 1e3, "mem_limit_gb": settings.mem_limit_bytes / 1e9,
+                         "seed": settings.seed, "tolerance": measure.TOLERANCE, "warmup_calls": measure.WARMUP_CALLS,
+                         "min_reps": measure.MIN_REPS, "cells": len(cases)}}
+
+    use_rich = impls.module("rich") is not None and not args.plain
+    flush = mempool = None
+    if device == "cuda":
+        torch = impls.module("torch")
+        flush = torch.empty(measure.FLUSH_BYTES, dtype=torch.int8, device="cuda")
+        mempool = measure.default_mempool()
+    rows = []
+    started = time.perf_counter()
+    with progress_bar(len(cases) * max(1, len(runnable)), use_rich) as advance:
+        for n, case in enumerate(cases):
+            inputs = measure.make_inputs(case, device, settings.seed + n)
+            reference = measure.Reference(case, inputs)
+            for impl in runnable:
+                advance(f"{case.title()}  {impl.name}", 0)
+                rows.append(measure.run_cell(case, impl, inputs, reference, settings, flush, mempool))
+                advance(f"{case.title()}  {impl.name}")
+            if not runnable:
+                advance(case.title())
+            del inputs, reference
+            if device == "cuda":
+                torch.cuda.empty_cache()  # hand cached blocks back so the next cell's JAX calls find memory
+    meta["seconds"] = round(time.perf_counter() - started, 1)
+
+    report.add_speedups(rows, baseline)
+    written = report.write_files(out_dir, meta, impl_info, rows)
+    console = None
+    if use_rich:
+        from rich.console import Console
+        console = Console()
+        if not console.is_terminal:  # a log file: no 80-column squeeze
+            console = Console(width=180)
+    report.print_table(rows, impl_info, device, baseline, console)
+    if not args.no_charts and impls.module("matplotlib") is None:
+        print("charts skipped: matplotlib not installed (pip install 'waveboost[bench]')")
+    elif not args.no_charts:
+        from . import charts
+        written += charts.write_charts(rows, meta, impl_info, out_dir)
+    files = ", ".join(os.path.basename(w) for w in written)
+    print(f"{len(cases)} cells in {meta['seconds']} s on {env['name']}; wrote {files} to {out_dir}")
+    failed = [r for r in rows if r["impl"].startswith("waveboost") and r["status"] in ("WRONG", "error")]
+    return 1 if failed else 0

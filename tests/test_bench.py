@@ -1,0 +1,200 @@
+"""The benchmark tool's own logic, on the CPU: grids, the correctness gate, files and charts.
+
+No timing thresholds: only what the tool decides and writes is checked.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from reference import attention_ref  # tests/reference.py: the float64 truth every test uses
+from waveboost.bench import grid, impls, main, measure, report
+
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+TINY = ["--device", "cpu", "--seqlens", "16,33", "--heads", "4", "--kv-heads", "2", "--head-dims", "8",
+        "--causal", "both", "--repeats", "3", "--budget-ms", "2", "--plain"]
+
+
+def test_fa2_preset_is_the_anchors_grid():
+    cases = grid.expand("fa2", "cuda")
+    assert len(cases) == 6 * 2 * 2 * 2  # seqlens x head dims x causal x dtypes
+    assert {c.seqlen for c in cases} == {512, 1024, 2048, 4096, 8192, 16384}
+    assert {c.dtype for c in cases} == {"float16", "bfloat16"}
+    assert all(c.batch * c.seqlen == 16384 and c.heads * c.head_dim == 2048 for c in cases)
+    assert all(c.kv_heads == c.heads for c in cases)
+    split = grid.expand("fa2", "cuda", dtypes=grid.parse_dtypes("fp32"), seqlens=(1024, 4096))
+    assert {(c.dtype, c.seqlen, c.batch) for c in split} == {("float32", 1024, 16), ("float32", 4096, 4)}
+
+
+def test_seed_preset_is_the_original_configuration():
+    (case,) = grid.expand("seed", "cuda")
+    assert (case.batch, case.heads, case.seqlen, case.head_dim, case.dtype, case.causal) == (1, 1, 512, 64,
+                                                                                             "float16", False)
+
+
+def test_models_preset_rows_are_valid_gqa_mqa_shapes():
+    rows = {c.label: c for c in grid.expand("models", "cuda")}
+    assert set(rows) == {"llama3-70b", "llama3-405b", "mha", "mqa"}
+    shapes = {k: (c.batch, c.seqlen, c.heads, c.kv_heads, c.head_dim) for k, c in rows.items()}
+    assert shapes["llama3-70b"] == (1, 4096, 64, 8, 128)
+    assert shapes["llama3-405b"] == (1, 2048, 128, 8, 128)
+    assert shapes["mha"] == (2, 2048, 128, 128, 128)
+    assert rows["mqa"].kv_heads == 1
+    assert all(c.heads % c.kv_heads == 0 for c in rows.values())
+
+
+def test_flops_formula_halves_for_causal():
+    case = grid.Case(2, 512, 4, 4, 64, "float32", False)
+    assert case.flops == 4 * 2 * 4 * 512 * 512 * 64
+    assert grid.Case(2, 512, 4, 4, 64, "float32", True).flops == case.flops / 2
+
+
+def test_bad_axes_are_rejected():
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        grid.expand("quick", "cpu", heads=(6,), kv_heads=(4,))
+    with pytest.raises(ValueError, match="--dtypes"):
+        grid.parse_dtypes("float8")
+    with pytest.raises(SystemExit):
+        main(TINY + ["--impls", "no_such_impl"])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float64_reference_matches_tests_reference(causal):
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 37, 2, 16)) for _ in range(3))
+    ref, _ = attention_ref(q, k, v, causal=causal)
+    assert np.allclose(measure._attention_f64(q[0, :, 1], k[0, :, 1], v[0, :, 1], causal), ref[0, :, 1])
+
+
+def _files(out):
+    return {p.name for p in out.iterdir()}
+
+
+def test_tiny_grid_through_the_cli_writes_csv_json_png(tmp_path):
+    out = tmp_path / "run"
+    status = main(TINY + ["--impls", "numpy,waveboost_cpu", "--out", str(out)])
+    assert status == 0
+    assert {"latency.csv", "throughput.csv", "memory.csv", "results.json", "summary.md"} <= _files(out)
+    with open(out / "latency.csv") as f:
+        rows = list(csv.DictReader(f))
+    numpy_rows = [r for r in rows if r["impl"] == "numpy"]
+    assert len(numpy_rows) == 4  # 2 seqlens x 2 causal
+    assert all(r["status"] == "ok" and float(r["median_ms"]) > 0 and float(r["rel_err"]) < 1e-5
+               for r in numpy_rows)
+    result = json.loads((out / "results.json").read_text())
+    assert result["environment"]["device"] == "cpu"
+    assert result["command"].startswith("python -m waveboost.bench --device cpu")
+    assert {"waveboost", "numpy", "torch", "jax"} <= set(result["environment"]["versions"])
+    assert len(result["rows"]) == len(rows)
+    if not HAS_MATPLOTLIB:
+        pytest.skip("matplotlib not installed: charts are not written")
+    pngs = {"latency.png", "throughput.png", "memory.png", "speedup.png", "dashboard.png"}
+    assert pngs <= _files(out)
+    assert all((out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in pngs)
+
+
+def _counting(prepare, calls):
+    @contextmanager
+    def counted(case, x):
+        with prepare(case, x) as prep:
+            run = prep.run
+
+            def counted_run():
+                calls.append(1)
+                return run()
+            prep.run = counted_run
+            yield prep
+    return counted
+
+
+@contextmanager
+def _wrong_scale(case, x):
+    """softmax with twice the scale: a plausible-looking, wrong result."""
+    with impls._numpy_prepare(case, measure.Inputs(x.q * 2, x.k, x.v)) as prep:
+        yield prep
+
+
+@contextmanager
+def _refuses(case, x):
+    raise ValueError("head_dim 8 is not supported (expected 64 or 128)")
+    yield
+
+
+def test_wrong_implementation_is_reported_and_not_timed(tmp_path, monkeypatch):
+    calls = []
+    fake = [
+        impls.Impl("numpy", impls._numpy_prepare, lambda: None),
+        impls.Impl("wrong_scale", _counting(_wrong_scale, calls), lambda: None),
+        impls.Impl("refuses", _refuses, lambda: None),
+        impls.Impl("absent", _refuses, lambda: "absentlib not installed"),
+        impls.Impl("huge", impls._numpy_prepare, lambda: None, score_bytes=1e12),
+    ]
+    monkeypatch.setattr(impls, "registry", lambda device: fake)
+    out = tmp_path / "run"
+    assert main(TINY + ["--out", str(out), "--baseline", "numpy"]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    by_impl = {}
+    for r in rows:
+        by_impl.setdefault(r["impl"], []).append(r)
+    assert all(r["status"] == "WRONG" and r["rel_err"] > 1e-2 and r.get("median_ms") is None
+               for r in by_impl["wrong_scale"])
+    assert len(calls) == len(by_impl["wrong_scale"])  # one checking call per cell, none timed
+    assert all(r["status"] == "unsupported" and "head_dim 8" in r["reason"] for r in by_impl["refuses"])
+    assert all(r["status"] == "skipped" and r["reason"].startswith("memory") for r in by_impl["huge"])
+    assert "absent" not in by_impl
+    assert all(r["status"] == "ok" and r["speedup"] == 1.0 for r in by_impl["numpy"])
+    summary = (out / "summary.md").read_text()
+    assert "absentlib not installed" in summary
+    if HAS_MATPLOTLIB:
+        assert "dashboard.png" in _files(out)
+
+
+def test_waveboost_wrong_result_fails_the_run(tmp_path, monkeypatch):
+    fake = [impls.Impl("waveboost_cpu", _wrong_scale, lambda: None, "waveboost")]
+    monkeypatch.setattr(impls, "registry", lambda device: fake)
+    assert main(TINY + ["--out", str(tmp_path), "--no-charts"]) == 1
+
+
+def test_gqa_causal_numpy_peer_passes_the_check():
+    case = grid.Case(2, 29, 6, 2, 16, "float32", True)
+    inputs = measure.make_inputs(case, "cpu", seed=3)
+    settings = measure.Settings(device="cpu", repeats=3, budget_s=0.001, mem_limit_bytes=1e9)
+    impl = impls.Impl("numpy", impls._numpy_prepare, lambda: None)
+    row = measure.run_cell(case, impl, inputs, measure.Reference(case, inputs), settings)
+    assert row["status"] == "ok" and row["rel_err"] < 1e-5
+    assert row["reps"] >= measure.MIN_REPS and row["q1_ms"] <= row["median_ms"] <= row["q3_ms"]
+    assert row["mem_extra_bytes"] >= 2 * 29 * 6 * 16 * 4  # at least the output
+
+
+def test_checked_heads_cover_every_kv_group_boundary():
+    batches, heads = measure._checked_heads(grid.Case(4, 16, 64, 8, 64, "float16", False))
+    assert batches == [0, 3] and heads == [0, 9, 63]
+    assert {h // 8 for h in heads} == {0, 1, 7}
+
+
+def test_plain_table_without_rich(capsys):
+    row = {**grid.Case(1, 16, 2, 2, 8, "float32", False).fields(), "impl": "numpy", "status": "WRONG",
+           "reason": "rel err 1.00e+00 > 1.0e-04", "rel_err": 1.0, "clock": "host"}
+    report.add_speedups([row], "numpy")
+    report.print_table([row], [{"name": "torch_sdpa", "missing": "torch not installed"}], "cpu", "numpy")
+    text = capsys.readouterr().out
+    assert "WRONG: rel err" in text and "not installed: torch not installed" in text
+
+
+def test_torch_peer_and_torch_reference_on_cpu():
+    torch = pytest.importorskip("torch")
+    case = grid.Case(2, 24, 4, 2, 16, "float32", True)
+    inputs = measure.make_inputs(case, "cpu", seed=5)
+    settings = measure.Settings(device="cpu", repeats=3, budget_s=0.001, mem_limit_bytes=1e9)
+    (sdpa,) = [i for i in impls.registry("cpu") if i.name == "torch_sdpa"]
+    row = measure.run_cell(case, sdpa, inputs, measure.Reference(case, inputs), settings)
+    assert row["status"] == "ok" and row["rel_err"] < 1e-5  # GQA through enable_gqa, causal
+    # The torch branch of the reference (used for CUDA cells) agrees with the NumPy one.
+    as_torch = measure.Inputs(*(torch.from_numpy(t) for t in (inputs.q, inputs.k, inputs.v)))
+    out = measure.Reference(case, inputs).outputs
+    assert all(np.allclose(a, b.numpy()) for a, b in zip(out, measure.Reference(case, as_torch).outputs))
