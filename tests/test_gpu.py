@@ -172,6 +172,10 @@ def test_unaligned_and_odd_strides(path):
     base_v = torch.randn(1, lk, 2, d + 1, device="cuda", dtype=torch.float16)
     q, k, v = base_q[..., 1:], base_k[..., 1:], base_v[..., 1:]
     out = torch.full((1, lq, 2, d), float("nan"), device="cuda", dtype=torch.float16)
+    if path == "mma":  # cp.async-only path: refuses clearly, and "auto" falls back to another path
+        with pytest.raises(ValueError, match=r"backend 'mma' needs 16-byte aligned"):
+            waveboost.attention(q, k, v, causal=True, out=out, backend=path)
+        path = waveboost.resolve_backend(q, k, v, causal=True)
     poison_allocator(lq * 2 * 4)
     waveboost.attention(q, k, v, causal=True, out=out, backend=path)
     _, lse = waveboost.attention(q, k, v, causal=True, return_lse=True, backend=path)

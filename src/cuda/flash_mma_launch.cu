@@ -1,0 +1,89 @@
+// Backend "mma": can_implement and the dtype x head_dim dispatch of the mma.sync flash forward.
+#include <cstdint>
+#include <string>
+
+#include "cuda_paths.h"
+#include "waveboost/cuda/flash_mma.cuh"
+
+namespace waveboost::cuda {
+
+namespace {
+
+std::string cc_string(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
+
+// The kernel moves every tile in 16 B pieces (cp.async in, vector stores out): each base
+// pointer must be 16 B aligned and every stride a multiple of 8 elements. A stride of a
+// dimension of extent 1 is never applied and does not count.
+bool vector_friendly(const AttentionParams& p) {
+  const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  const auto used = [](int64_t stride, int64_t extent) { return extent > 1 ? stride : int64_t{0}; };
+  const int64_t strides = used(p.q_batch_stride, p.batch) | used(p.q_row_stride, p.seqlen_q) |
+                          used(p.q_head_stride, p.heads) | used(p.o_batch_stride, p.batch) |
+                          used(p.o_row_stride, p.seqlen_q) | used(p.o_head_stride, p.heads) |
+                          used(p.k_batch_stride, p.batch) | used(p.k_row_stride, p.seqlen_k) |
+                          used(p.k_head_stride, p.heads_kv) | used(p.v_batch_stride, p.batch) |
+                          used(p.v_row_stride, p.seqlen_k) | used(p.v_head_stride, p.heads_kv);
+  return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out) && (strides & 7) == 0;
+}
+
+}  // namespace
+
+Status mma_can_implement(const AttentionParams& p) {
+  if (p.device_type != DeviceType::kCUDA) {
+    return Status::NotSupported("backend 'mma' runs on CUDA devices; got tensors on the CPU");
+  }
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+    return Status::NotSupported(std::string("backend 'mma' supports float16 and bfloat16; got ") +
+                                dtype_name(p.dtype));
+  }
+  if (p.head_dim != 64 && p.head_dim != 128) {
+    return Status::NotSupported("backend 'mma' supports head_dim 64 and 128; got " + std::to_string(p.head_dim));
+  }
+  if (!vector_friendly(p)) {
+    return Status::NotSupported(
+        "backend 'mma' needs 16-byte aligned q/k/v/out with strides that are multiples of 8 elements");
+  }
+  int cc = 0;
+  if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
+  // cp.async, ldmatrix-fed bf16 mma.sync: sm_80 and later.
+  if (cc < 80) {
+    return Status::NotSupported("backend 'mma' needs compute capability >= 8.0; device " +
+                                std::to_string(p.device_id) + " has " + cc_string(cc));
+  }
+  int smem_optin = 0;
+  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
+  if (flash_mma_smem_bytes(p.head_dim) > smem_optin) {
+    return Status::NotSupported("backend 'mma' needs " + std::to_string(flash_mma_smem_bytes(p.head_dim)) +
+                                " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
+                                "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
+  }
+  return Status::Ok();
+}
+
+Status mma_forward(const AttentionParams& p, void* stream) {
+  DeviceGuard guard(p.device_id);
+  if (!guard.status().ok()) return guard.status();
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto unsupported = [&] {
+    return Status::NotSupported(std::string("backend 'mma' supports float16 and bfloat16 with head_dim 64 and 128; got ") +
+                                dtype_name(p.dtype) + " with head_dim " + std::to_string(p.head_dim));
+  };
+  switch (p.dtype) {
+    case DType::kFloat16:
+      switch (p.head_dim) {
+        case 64: return launch_flash_mma<__half, 64>(p, s);
+        case 128: return launch_flash_mma<__half, 128>(p, s);
+        default: return unsupported();
+      }
+    case DType::kBFloat16:
+      switch (p.head_dim) {
+        case 64: return launch_flash_mma<__nv_bfloat16, 64>(p, s);
+        case 128: return launch_flash_mma<__nv_bfloat16, 128>(p, s);
+        default: return unsupported();
+      }
+    default:
+      return unsupported();
+  }
+}
+
+}  // namespace waveboost::cuda
