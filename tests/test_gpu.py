@@ -138,7 +138,7 @@ def test_tensor_core_paths_refuse_fp32(path):
 
 
 @pytest.mark.parametrize(
-    "dname,d,expected", [("fp16", 64, "wmma"), ("bf16", 128, "wmma"), ("fp32", 128, "simt"), ("fp16", 80, "naive")]
+    "dname,d,expected", [("fp16", 64, "mma"), ("bf16", 128, "mma"), ("fp32", 128, "simt"), ("fp16", 80, "naive")]
 )
 def test_auto_rule(dname, d, expected):
     q, k, v = random_qkv(1, 8, 8, 2, 2, d, DTYPES[dname])
@@ -176,6 +176,7 @@ def test_unaligned_and_odd_strides(path):
         with pytest.raises(ValueError, match=r"backend 'mma' needs 16-byte aligned"):
             waveboost.attention(q, k, v, causal=True, out=out, backend=path)
         path = waveboost.resolve_backend(q, k, v, causal=True)
+        assert path == "wmma"
     poison_allocator(lq * 2 * 4)
     waveboost.attention(q, k, v, causal=True, out=out, backend=path)
     _, lse = waveboost.attention(q, k, v, causal=True, return_lse=True, backend=path)
