@@ -17,7 +17,8 @@ namespace {
 std::string str(int64_t x) { return std::to_string(x); }
 
 bool is_cuda_backend(Backend b) {
-  return b == Backend::kNaive || b == Backend::kSimt || b == Backend::kWmma || b == Backend::kMma;
+  return b == Backend::kNaive || b == Backend::kSimt || b == Backend::kWmma || b == Backend::kMma ||
+         b == Backend::kWgmma;
 }
 
 Status check_nonnegative(int64_t value, const char* name) {
@@ -74,6 +75,30 @@ std::string cuda_device_description(int device) {
 #endif
 }
 
+bool backend_available(Backend backend, int device_id) {
+  if (backend == Backend::kAuto || backend == Backend::kCPU) return true;
+  if (!is_cuda_backend(backend) || device_id < 0 || device_id >= cuda_device_count()) return false;
+  // A representative call: can_implement reads only shapes, strides, dtype and the
+  // device, never the (aligned, dummy) pointers.
+  alignas(16) static const char dummy[16] = {};
+  AttentionParams p;
+  p.q = p.k = p.v = dummy;
+  p.out = const_cast<char*>(dummy);
+  p.batch = p.seqlen_q = p.seqlen_k = p.heads = p.heads_kv = 1;
+  p.head_dim = 64;
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 64;
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = 64;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = 64;
+  p.softmax_scale = 0.125;
+  p.device_type = DeviceType::kCUDA;
+  p.device_id = device_id;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
+    p.dtype = dtype;
+    if (can_implement(p, backend).ok()) return true;
+  }
+  return false;
+}
+
 Status stream_synchronize(int device_id, void* stream) {
 #ifdef WAVEBOOST_WITH_CUDA
   int previous = -1;
@@ -100,6 +125,7 @@ const char* backend_name(Backend backend) {
     case Backend::kSimt: return "simt";
     case Backend::kWmma: return "wmma";
     case Backend::kMma: return "mma";
+    case Backend::kWgmma: return "wgmma";
   }
   return "unknown";
 }
@@ -115,7 +141,8 @@ const char* dtype_name(DType dtype) {
 }
 
 bool parse_backend(const std::string& name, Backend* backend) {
-  for (Backend b : {Backend::kAuto, Backend::kCPU, Backend::kNaive, Backend::kSimt, Backend::kWmma, Backend::kMma}) {
+  for (Backend b : {Backend::kAuto, Backend::kCPU, Backend::kNaive, Backend::kSimt, Backend::kWmma, Backend::kMma,
+                    Backend::kWgmma}) {
     if (name == backend_name(b)) {
       *backend = b;
       return true;
@@ -189,6 +216,7 @@ Status can_implement(const AttentionParams& p, Backend backend) {
     case Backend::kSimt: return cuda::simt_can_implement(p);
     case Backend::kWmma: return cuda::wmma_can_implement(p);
     case Backend::kMma: return cuda::mma_can_implement(p);
+    case Backend::kWgmma: return cuda::wgmma_can_implement(p);
     default: break;
   }
   return Status::Internal("unreachable backend in can_implement");
@@ -210,6 +238,7 @@ Status attention_forward(const AttentionParams& p, Backend backend, void* stream
     case Backend::kSimt: return cuda::simt_forward(p, stream);
     case Backend::kWmma: return cuda::wmma_forward(p, stream);
     case Backend::kMma: return cuda::mma_forward(p, stream);
+    case Backend::kWgmma: return cuda::wgmma_forward(p, stream);
 #endif
     default: break;
   }

@@ -27,6 +27,7 @@ enum class Backend : int32_t {
   kSimt = 3,   // CUDA cores flash forward, head dims 64/128
   kWmma = 4,   // tensor-core (nvcuda::wmma) flash forward, fp16/bf16, head dims 64/128
   kMma = 5,    // tensor-core flash forward on raw mma.sync + ldmatrix, fp16/bf16, head dims 64/128
+  kWgmma = 6,  // Hopper (sm_90a) flash forward on warpgroup wgmma, fp16/bf16, head dims 64/128
 };
 
 // Everything a forward call needs, passed by value to kernels. POD on purpose:
@@ -78,8 +79,12 @@ Status validate(const AttentionParams& params);
 
 const char* backend_name(Backend backend);
 const char* dtype_name(DType dtype);
-// Parses "auto", "cpu", "naive", "simt", "wmma", "mma"; false for anything else.
+// Parses "auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma"; false for anything else.
 bool parse_backend(const std::string& name, Backend* backend);
+
+// Whether `backend` can run on CUDA device `device_id` with this build (compiled
+// in, compute capability high enough) for at least one dtype and head dim.
+bool backend_available(Backend backend, int device_id);
 
 // Blocks the host until `stream` on CUDA device `device_id` is idle (only for
 // callers whose framework cannot order work after ours, e.g. eager JAX through DLPack).

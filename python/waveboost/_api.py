@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from . import _waveboost
 
-BACKENDS = ("auto", "cpu", "naive", "simt", "wmma", "mma")
+BACKENDS = ("auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma")
 
 
 class _Adapter(NamedTuple):
@@ -135,7 +135,7 @@ def attention(
         out: optional preallocated output (same framework, device, dtype and shape as ``q``).
         return_lse: also return the float32 (batch, heads, seqlen_q) natural-log logsumexp of
             the scaled scores.
-        backend: "auto", "cpu", "naive", "simt", "wmma" or "mma" (see the README's backends table).
+        backend: "auto", "cpu", "naive", "simt", "wmma", "mma" or "wgmma" (see the README's backends table).
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse`` is true; arrays of ``q``'s framework.
@@ -179,11 +179,11 @@ def resolve_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: st
 
 
 def info() -> dict:
-    """Version, CUDA build facts, the GPUs seen and the backends this machine can run."""
+    """Version, CUDA build facts, the GPUs seen and the backends this machine can run (on GPU 0)."""
     gpus = [_waveboost.cuda_device_description(i) for i in range(_waveboost.cuda_device_count())]
     backends = ["cpu"]
-    if _waveboost.cuda_compiled() and gpus:
-        backends += ["naive", "simt", "wmma", "mma"]
+    if gpus:
+        backends += [b for b in BACKENDS[2:] if _waveboost.backend_available(b, 0)]
     return {
         "version": _waveboost.version(),
         "cuda_compiled": bool(_waveboost.cuda_compiled()),

@@ -12,6 +12,7 @@ Status naive_can_implement(const AttentionParams& params);
 Status simt_can_implement(const AttentionParams& params);
 Status wmma_can_implement(const AttentionParams& params);
 Status mma_can_implement(const AttentionParams& params);
+Status wgmma_can_implement(const AttentionParams& params);
 
 // Launch on `stream` (a cudaStream_t) on params.device_id; asynchronous.
 // Expect validate(params) and the matching can_implement to have passed.
@@ -19,6 +20,7 @@ Status naive_forward(const AttentionParams& params, void* stream);
 Status simt_forward(const AttentionParams& params, void* stream);
 Status wmma_forward(const AttentionParams& params, void* stream);
 Status mma_forward(const AttentionParams& params, void* stream);
+Status wgmma_forward(const AttentionParams& params, void* stream);
 
 // Compute capability (major * 10 + minor) of a device, or a CUDA error.
 Status compute_capability(int device_id, int* cc);

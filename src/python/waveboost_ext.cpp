@@ -140,7 +140,7 @@ void raise_status(const Status& s) {
 Backend parse_backend_or_raise(const std::string& name) {
   Backend b;
   if (!waveboost::parse_backend(name, &b))
-    value_error("backend must be one of 'auto', 'cpu', 'naive', 'simt', 'wmma', 'mma'; got '" + name + "'");
+    value_error("backend must be one of 'auto', 'cpu', 'naive', 'simt', 'wmma', 'mma', 'wgmma'; got '" + name + "'");
   return b;
 }
 
@@ -284,6 +284,13 @@ NB_MODULE(_waveboost, m) {
         raise_status(s);
       },
       nb::arg("device_id"), nb::arg("stream"));
+  m.def(
+      "backend_available",
+      [](const std::string& backend, int device_id) {
+        return waveboost::backend_available(parse_backend_or_raise(backend), device_id);
+      },
+      nb::arg("backend"), nb::arg("device_id"),
+      "Whether a CUDA backend can run on that device with this build, for some dtype and head dim.");
   m.def("version", &waveboost::version);
   m.def("cuda_compiled", &waveboost::cuda_compiled);
   m.def("cuda_architectures", &waveboost::cuda_architectures);
