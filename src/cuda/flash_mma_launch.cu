@@ -1,9 +1,11 @@
-// Backend "mma": can_implement and the dtype x head_dim dispatch of the mma.sync flash forward.
+// Backend "mma": can_implement and the dtype x head_dim dispatch of the mma.sync flash forward
+// (16-bit: flash_mma.cuh; float32 on tf32 tensor cores, 3xTF32: flash_mma_tf32.cuh).
 #include <cstdint>
 #include <string>
 
 #include "cuda_paths.h"
 #include "waveboost/cuda/flash_mma.cuh"
+#include "waveboost/cuda/flash_mma_tf32.cuh"
 
 namespace waveboost::cuda {
 
@@ -11,10 +13,10 @@ namespace {
 
 std::string cc_string(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
 
-// The kernel moves every tile in 16 B pieces (cp.async in, vector stores out): each base
-// pointer must be 16 B aligned and every stride a multiple of 8 elements. A stride of a
-// dimension of extent 1 is never applied and does not count.
-bool vector_friendly(const AttentionParams& p) {
+// The kernels move every tile in 16 B pieces (cp.async in, vector stores out): each base
+// pointer must be 16 B aligned and every stride a multiple of `elements_per_16B` elements.
+// A stride of a dimension of extent 1 is never applied and does not count.
+bool vector_friendly(const AttentionParams& p, int64_t elements_per_16B) {
   const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
   const auto used = [](int64_t stride, int64_t extent) { return extent > 1 ? stride : int64_t{0}; };
   const int64_t strides = used(p.q_batch_stride, p.batch) | used(p.q_row_stride, p.seqlen_q) |
@@ -23,7 +25,7 @@ bool vector_friendly(const AttentionParams& p) {
                           used(p.k_batch_stride, p.batch) | used(p.k_row_stride, p.seqlen_k) |
                           used(p.k_head_stride, p.heads_kv) | used(p.v_batch_stride, p.batch) |
                           used(p.v_row_stride, p.seqlen_k) | used(p.v_head_stride, p.heads_kv);
-  return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out) && (strides & 7) == 0;
+  return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out) && (strides & (elements_per_16B - 1)) == 0;
 }
 
 }  // namespace
@@ -32,30 +34,34 @@ Status mma_can_implement(const AttentionParams& p) {
   if (p.device_type != DeviceType::kCUDA) {
     return Status::NotSupported("backend 'mma' runs on CUDA devices; got tensors on the CPU");
   }
-  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
-    return Status::NotSupported(std::string("backend 'mma' supports float16 and bfloat16; got ") +
+  const bool fp32 = p.dtype == DType::kFloat32;
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16 && !fp32) {
+    return Status::NotSupported(std::string("backend 'mma' supports float16, bfloat16 and float32; got ") +
                                 dtype_name(p.dtype));
   }
   if (p.head_dim != 64 && p.head_dim != 128) {
     return Status::NotSupported("backend 'mma' supports head_dim 64 and 128; got " + std::to_string(p.head_dim));
   }
-  if (!vector_friendly(p)) {
-    return Status::NotSupported(
-        "backend 'mma' needs 16-byte aligned q/k/v/out with strides that are multiples of 8 elements");
+  if (!vector_friendly(p, fp32 ? 4 : 8)) {
+    return Status::NotSupported(std::string("backend 'mma' needs 16-byte aligned q/k/v/out with strides that are "
+                                            "multiples of ") +
+                                (fp32 ? "4 elements for float32" : "8 elements for float16 and bfloat16"));
   }
   int cc = 0;
   if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
-  // cp.async, ldmatrix-fed bf16 mma.sync: sm_80 and later.
+  // cp.async, bf16 and tf32 mma.sync: sm_80 and later.
   if (cc < 80) {
     return Status::NotSupported("backend 'mma' needs compute capability >= 8.0; device " +
                                 std::to_string(p.device_id) + " has " + cc_string(cc));
   }
   int smem_optin = 0;
   WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
-  if (flash_mma_smem_bytes(p.head_dim) > smem_optin) {
-    return Status::NotSupported("backend 'mma' needs " + std::to_string(flash_mma_smem_bytes(p.head_dim)) +
-                                " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
-                                "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
+  const int smem_bytes = fp32 ? flash_mma_tf32_smem_bytes(p.head_dim) : flash_mma_smem_bytes(p.head_dim);
+  if (smem_bytes > smem_optin) {
+    return Status::NotSupported("backend 'mma' needs " + std::to_string(smem_bytes) +
+                                " bytes of shared memory per block for " + dtype_name(p.dtype) + " with head_dim " +
+                                std::to_string(p.head_dim) + "; device " + std::to_string(p.device_id) + " allows " +
+                                std::to_string(smem_optin));
   }
   return Status::Ok();
 }
@@ -65,7 +71,8 @@ Status mma_forward(const AttentionParams& p, void* stream) {
   if (!guard.status().ok()) return guard.status();
   const auto s = static_cast<cudaStream_t>(stream);
   const auto unsupported = [&] {
-    return Status::NotSupported(std::string("backend 'mma' supports float16 and bfloat16 with head_dim 64 and 128; got ") +
+    return Status::NotSupported(std::string("backend 'mma' supports float16, bfloat16 and float32 with head_dim 64 and "
+                                            "128; got ") +
                                 dtype_name(p.dtype) + " with head_dim " + std::to_string(p.head_dim));
   };
   switch (p.dtype) {
@@ -79,6 +86,12 @@ Status mma_forward(const AttentionParams& p, void* stream) {
       switch (p.head_dim) {
         case 64: return launch_flash_mma<__nv_bfloat16, 64>(p, s);
         case 128: return launch_flash_mma<__nv_bfloat16, 128>(p, s);
+        default: return unsupported();
+      }
+    case DType::kFloat32:
+      switch (p.head_dim) {
+        case 64: return launch_flash_mma_tf32<64>(p, s);
+        case 128: return launch_flash_mma_tf32<128>(p, s);
         default: return unsupported();
       }
     default:

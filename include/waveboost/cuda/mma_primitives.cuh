@@ -12,7 +12,15 @@
 // So the accumulators of two adjacent n8 tiles, packed in pairs to 16 bits, are exactly the
 // A operand of a k16 slice: scores become the probabilities of the next product in registers.
 //
-// Everything here needs sm_80 (cp.async, bf16 mma); callers compile it only for such targets.
+// mma.sync.m16n8k8 with .tf32 inputs ("Matrix Fragments for mma.m16n8k8"), one 32-bit element
+// per register:
+//   A (16 x 8):  a0 = A[g][t]   a1 = A[g+8][t]   a2 = A[g][t+4]   a3 = A[g+8][t+4]
+//   B (8 x 8):   b0 = B[t][g]   b1 = B[t+4][g]
+//   C, D (16 x 8, fp32): as for m16n8k16.
+// Here a C tile's columns 2t, 2t+1 are not A's columns t, t+4: flash_mma_tf32.cuh renumbers
+// the keys instead of moving data (see there).
+//
+// Everything here needs sm_80 (cp.async, bf16 and tf32 mma); callers compile it only for such targets.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -89,6 +97,39 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+// d += A (16 x 8) * B (8 x 8) on tf32 inputs, fp32 accumulation. The tensor core reads the
+// upper 19 bits of each input register (sign, exponent, 10 mantissa bits) and ignores the low
+// 13: ptxas itself passes the unmasked result of cvt.rna.tf32.f32 to HMMA.1688.F32.TF32.
+__device__ __forceinline__ void mma_16x8x8_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x = hi + lo with hi = x rounded to the nearest tf32 and lo = x - hi exactly
+// (|lo| <= 2^-11 |x|). lo goes to the tensor core as it is, which truncates it to its top 11
+// significant bits: an error below 2^-21 |x|, unbiased since lo's sign is random.
+// sm_90: cvt.rn.tf32.f32 is one F2FP.TF32 instruction, so a split costs 2 (F2FP, FADD).
+// sm_80 has no rounding instruction (cvt.rna.tf32.f32 becomes FSETP, IADD3, SEL, LOP3), so
+// hi is rounded in two integer ops (ties away from zero, as cvt.rna), 3 in all, without
+// cvt.rna's infinity test: x = +-inf or NaN still gives a non-finite hi + lo (lo = NaN).
+// |x| within 2^-12 of FLT_MAX rounds hi to inf, as both conversions do.
+struct Tf32Pair {
+  uint32_t hi;
+  uint32_t lo;
+};
+
+__device__ __forceinline__ Tf32Pair split_tf32(float x) {
+  uint32_t hi;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+#else
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+#endif
+  return {hi, __float_as_uint(x - __uint_as_float(hi))};
 }
 
 // ----------------------------------------------------------------------------

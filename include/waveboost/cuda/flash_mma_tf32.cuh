@@ -1,0 +1,539 @@
+// fp32 flash attention forward on the tensor cores with fp32-level accuracy (backend "mma",
+// float32): FlashAttention-2's algorithm (flash_mma.cuh) on mma.sync m16n8k8 tf32, every
+// product in three parts ("3xTF32").
+//
+// tf32 keeps 11 significant bits, so one tf32 product errs by ~2^-11 (out ~1e-3 off). Each
+// fp32 operand is split as x = hi + lo (mma::split_tf32), and
+//
+//   A B ~= Ahi Bhi + (Ahi Blo + Alo Bhi)       (Alo Blo, ~2^-22 A B, is dropped)
+//
+// on both products: S = Q K^T and O += P V.
+//
+// Accumulation order. The tensor core sums its products and C exactly but rounds the result
+// toward zero (measured on V100/A100: Fasi et al. 2021, Ootomo & Yokota 2022), a biased error
+// of up to one ulp of the accumulator per mma. What lands on one accumulator is kept short:
+// - S: the main products (D / 8 mmas per score) and the corrections (2 D / 8) go to separate
+//   accumulators, added once (round to nearest). Mixed into one accumulator, small terms first
+//   or not, every correction would cost the score a truncation at the score's own magnitude:
+//   3x the bias (estimated ~3e-6 of the logits at D = 128 instead of ~1e-6). The corrections'
+//   own truncations sit 2^-11 lower and do not count.
+// - O: accumulated across all keys on the tensor core, O would take 3 seqlen_k / 8 truncations
+//   (a bias growing with seqlen_k, see below). Each key tile's P V starts from zero (main and
+//   corrections apart, ~kBlockN / 8 truncations) and is merged as O = alpha O + PV in an FFMA,
+//   which rounds to nearest; the O rescale of the online softmax rides on the same instruction.
+// Error vs float64 on unit-normal data, from a bit-level emulation of this kernel (tf32
+// operands, exact products, round-toward-zero sums): ~5e-7 relative (Frobenius) at 1-2k keys;
+// accumulating O on the tensor core instead gives ~1e-5 already at 1k keys.
+//
+// Non-finite inputs: NaN propagates. An infinite operand x splits into hi = x, lo = inf - inf
+// = NaN, so +-inf in Q, K or V yields NaN where IEEE arithmetic gives +-inf (or, for a row of
+// -inf scores, zeros and LSE -inf). Keeping those exact needs hi saturated to the largest tf32
+// (lo = +-inf then carries the infinity): two more instructions per split, +44% in the loop.
+//
+// Fragments without shuffles. P V contracts over keys, and any fixed renumbering of a tile's
+// keys, applied to P's columns and V's rows alike, leaves it unchanged. Thread (g, t) holds
+// S[g][2t, 2t+1] and S[g+8][2t, 2t+1] of each n8 key tile; calling key 2t of the tile k = t
+// and key 2t + 1 k = t + 4 makes (c0, c2, c1, c3) exactly tf32's A fragment (a0..a3), and the
+// B fragment of V becomes rows 2t and 2t + 1. The head dim is renumbered the same way twice:
+// in S (Q and K alike) a thread's k = t, t + 4 of two consecutive k8 slices are four adjacent
+// dims (one 16 B load of Q or K feeds two slices); in O, output column n of n8 tile dt is dim
+// 32 (dt / 4) + 16 (n % 2) + 4 (n / 2) + dt % 4, so a thread's V reads (dims of column g) and
+// O writes (columns 2t, 2t+1) are both 16 B runs. All shared-memory reads are LDS.128.
+//
+// Shared memory: rows of kHeadDim floats in 16 B chunks, chunk c of row r stored at
+// c ^ swizzle(r), swizzle(r) = the low three bits of r rotated (b2 b1 b0 -> b0 b2 b1).
+// A 16 B access runs in phases of 8 lanes that must hit 8 distinct chunk columns (mod 8):
+// - Q, K reads: a phase is rows 2i, 2i+1 x chunks 4s..4s+3; the swizzles of the two rows
+//   differ in bit 2, separating the two halves.
+// - V reads: rows 2t (or 2t + 1) for t = 0..3 x two chunks that differ in bit 2; the four
+//   rows' swizzles differ in bits 0-1.
+// - cp.async writes: 8 consecutive chunks of one row, permuted within their group of 8.
+//
+// Tiles: each of 4 warps owns 16 query rows (one m16 tile), kBlockM = 64. Live per thread:
+// O (kHeadDim / 2 floats), S and its corrections (kBlockN / 2 each), P split (kBlockN), the
+// per-tile PV accumulators (32), plus the fragments ptxas keeps in flight: ~240-255
+// registers, two blocks (8 warps) per SM. Two m16 tiles per warp (the 16-bit path's choice)
+// would need 128 registers for O alone at D = 128. Q stays in shared memory as fp32, scaled
+// by softmax_scale * log2(e) once, and is split per use (kHeadDim / 2 splits per warp and
+// tile; a hi/lo copy would save ~8% of the loop's instructions for 2x Q's shared-memory reads).
+//
+// Pipeline, masking, causal skipping, grid order and LSE are the 16-bit path's
+// (flash_mma.cuh): one K and one V buffer, V(j) in flight during S(j), K(j-1) during P V(j),
+// key tiles last to first with a masked loop body only for tail / diagonal tiles.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "waveboost/cuda/common.cuh"
+#include "waveboost/cuda/flash_mma.cuh"
+#include "waveboost/cuda/mma_primitives.cuh"
+
+namespace waveboost::cuda {
+
+/// \brief Compile-time choices of the 3xTF32 mma.sync flash kernel (fp32 Q, K, V, O).
+/// \tparam kHeadDim_ 64 or 128.
+template <int kHeadDim_>
+struct FlashMmaTf32Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kMTiles = 1;  // m16 tiles per warp
+  static constexpr int kRowsPerWarp = 16;
+  static constexpr int kBlockM = kWarps * kRowsPerWarp;
+  // Keys per tile: the most that fit 255 registers without spilling in the loop (ptxas -v,
+  // sm_90): 64 at D = 64 (~240 registers), 32 at D = 128 (O is twice as large). Two blocks
+  // per SM (48 / 64 KB of shared memory each). Three blocks (168 registers) spill heavily at
+  // these tiles; 32-key tiles at D = 64 fit three with a few spilled bytes but issue ~12%
+  // more instructions per mma (per-tile Q splits, O merges and softmax counted twice).
+  static constexpr int kBlockN = kHeadDim == 64 ? 64 : 32;
+  static constexpr int kMinBlocksPerSm = 2;
+
+  static constexpr int kKeyTiles = kBlockN / 8;    // n8 tiles of S = k8 slices of P V
+  static constexpr int kDimPairs = kHeadDim / 16;  // pairs of k8 slices of Q K^T: one 16 B load each
+  static constexpr int kDimTiles = kHeadDim / 8;   // n8 tiles of O
+  static constexpr int kDimQuads = kHeadDim / 32;  // groups of 4 n8 tiles of O: one 16 B load of V each
+
+  static constexpr int kRowBytes = kHeadDim * 4;
+  static constexpr int kChunksPerRow = kHeadDim / 4;  // 16 B chunks
+  static constexpr int kRowsPerCopyPass = kThreads / kChunksPerRow;
+
+  static constexpr int kQTileBytes = kBlockM * kRowBytes;
+  static constexpr int kKVTileBytes = kBlockN * kRowBytes;
+  static constexpr int kSmemBytes = kQTileBytes + 2 * kKVTileBytes;
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  // The swizzle has period 8 rows: a copy pass of 8 rows keeps each thread's pattern, one of
+  // 4 rows alternates between two (load_tile).
+  static_assert(kRowsPerCopyPass == 4 || kRowsPerCopyPass == 8);
+  static_assert(kBlockM % kRowsPerCopyPass == 0 && kBlockN % kRowsPerCopyPass == 0);
+  static_assert(kQTileBytes % 128 == 0 && kKVTileBytes % 128 == 0, "tiles on 128 B boundaries");
+};
+
+namespace flash_mma_tf32 {
+
+// ----------------------------------------------------------------------------
+// Shared-memory layout
+// ----------------------------------------------------------------------------
+
+__device__ __forceinline__ int chunk_swizzle(int row) { return ((row & 1) << 2) | ((row >> 1) & 3); }
+
+// Byte offset of 16 B chunk `chunk` of row `row` within a tile.
+template <typename Traits>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * Traits::kRowBytes + 16 * (chunk ^ chunk_swizzle(row));
+}
+
+__device__ __forceinline__ float4 load_16B(const unsigned char* smem, uint32_t offset) {
+  return *reinterpret_cast<const float4*>(smem + offset);
+}
+
+// Per-lane byte offsets of the fragments (tile base included); every load adds a
+// compile-time immediate.
+//   Q, K: row `row`, chunk 4 s + t of dim pair s. With swizzle(row) = 4 b + c, the physical
+//   chunk is 4 (s ^ b) + (t ^ c) = 8 (s / 2) + 4 ((s % 2) ^ b) + (t ^ c): offset[s % 2] + 128 (s / 2).
+//   V: rows 2t (offset[0]) and 2t + 1 (offset[1]) of key slice 0, logical chunk
+//   4 (g % 2) + g / 2 + 8 u of dim quad u (columns g of its n8 tiles); swizzle(2t) = t and
+//   swizzle(2t + 1) = 4 + t, so the physical chunk is 8 u + 4 ((g % 2) ^ (row % 2)) + ((g / 2) ^ t):
+//   offset[row % 2] + 128 u.
+template <typename Traits>
+__device__ __forceinline__ void pair_offsets(uint32_t (&offset)[2], uint32_t tile, int row, int t) {
+  const int b = chunk_swizzle(row) >> 2;
+  const int c = chunk_swizzle(row) & 3;
+#pragma unroll
+  for (int parity = 0; parity < 2; ++parity) {
+    offset[parity] = tile + static_cast<uint32_t>(row * Traits::kRowBytes + 64 * (parity ^ b) + 16 * (t ^ c));
+  }
+}
+
+template <typename Traits>
+__device__ __forceinline__ void value_offsets(uint32_t (&offset)[2], uint32_t tile, int g, int t) {
+#pragma unroll
+  for (int parity = 0; parity < 2; ++parity) {
+    offset[parity] = tile + static_cast<uint32_t>((2 * t + parity) * Traits::kRowBytes +
+                                                  64 * ((g % 2) ^ parity) + 16 * ((g / 2) ^ t));
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Tiles: global -> shared
+// ----------------------------------------------------------------------------
+
+// cp.async of rows [0, kRows) (row_stride floats apart) into a swizzled tile at byte offset
+// `tile` of the shared window. kGuarded: rows >= valid_rows are zero-filled (a NaN-free zero,
+// since P = 0 there still multiplies V).
+template <typename Traits, int kRows, bool kGuarded>
+__device__ __forceinline__ void load_tile(uint32_t tile, const float* src, int64_t row_stride, int64_t valid_rows) {
+  constexpr int kPass = Traits::kRowsPerCopyPass;
+  const int tid = threadIdx.x;
+  const int chunk = tid % Traits::kChunksPerRow;
+  const int row = tid / Traits::kChunksPerRow;
+  // Destination of pass i: dst[i % 2] + i * kPass rows (passes of 8 rows: dst[1] == dst[0]).
+  const uint32_t dst[2] = {tile + swizzled<Traits>(row, chunk),
+                           tile + swizzled<Traits>(row + kPass % 8, chunk) - (kPass % 8) * Traits::kRowBytes};
+  const float* src_row = src + row * row_stride + chunk * 4;
+  const int64_t pass_stride = kPass * row_stride;
+#pragma unroll
+  for (int i = 0; i < kRows / kPass; ++i) {
+    const uint32_t dst_i = dst[i % 2] + i * kPass * Traits::kRowBytes;
+    if constexpr (kGuarded) {
+      const bool valid = row + i * kPass < valid_rows;
+      mma::copy_async_16B(dst_i, valid ? src_row + i * pass_stride : src, valid);
+    } else {
+      mma::copy_async_16B(dst_i, src_row + i * pass_stride, true);
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// The two products
+// ----------------------------------------------------------------------------
+
+// One k8 slice of an A operand from four fp32 values in a0..a3 order, split into hi and lo.
+__device__ __forceinline__ void split_fragment(uint32_t (&hi)[4], uint32_t (&lo)[4], float a0, float a1, float a2,
+                                               float a3) {
+  const float a[4] = {a0, a1, a2, a3};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const mma::Tf32Pair x = mma::split_tf32(a[i]);
+    hi[i] = x.hi;
+    lo[i] = x.lo;
+  }
+}
+
+// d += A B in three tf32 products: Ahi Bhi into `acc`, the corrections into `corr`.
+__device__ __forceinline__ void mma_3xtf32(float (&acc)[4], float (&corr)[4], const uint32_t (&a_hi)[4],
+                                           const uint32_t (&a_lo)[4], float b0, float b1) {
+  const mma::Tf32Pair x0 = mma::split_tf32(b0);
+  const mma::Tf32Pair x1 = mma::split_tf32(b1);
+  mma::mma_16x8x8_tf32(corr, a_lo, x0.hi, x1.hi);
+  mma::mma_16x8x8_tf32(corr, a_hi, x0.lo, x1.lo);
+  mma::mma_16x8x8_tf32(acc, a_hi, x0.hi, x1.hi);
+}
+
+// S = Q K^T (Q pre-scaled: S is in log2 units) for the warp's 16 rows and the tile's keys.
+// Key tile nt holds keys 8 nt + 2t, 8 nt + 2t + 1 in columns 2t, 2t + 1, as in the 16-bit path.
+template <typename Traits>
+__device__ __forceinline__ void scores(float (&s)[1][Traits::kKeyTiles][4], const unsigned char* smem,
+                                       const uint32_t (&q_offset)[2], const uint32_t (&k_offset)[2]) {
+  float corr[Traits::kKeyTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[0][nt][e] = corr[nt][e] = 0.f;
+  }
+#pragma unroll
+  for (int pair = 0; pair < Traits::kDimPairs; ++pair) {
+    const uint32_t q_at = q_offset[pair % 2] + 128 * (pair / 2);
+    const float4 q_top = load_16B(smem, q_at);                               // row g
+    const float4 q_bottom = load_16B(smem, q_at + 8 * Traits::kRowBytes);  // row g + 8
+    // Slice 2 pair takes dims 4t, 4t + 1 of the pair as k = t, t + 4; slice 2 pair + 1 the next two.
+    uint32_t q_hi[2][4], q_lo[2][4];
+    split_fragment(q_hi[0], q_lo[0], q_top.x, q_bottom.x, q_top.y, q_bottom.y);
+    split_fragment(q_hi[1], q_lo[1], q_top.z, q_bottom.z, q_top.w, q_bottom.w);
+#pragma unroll
+    for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
+      const float4 k = load_16B(smem, k_offset[pair % 2] + 128 * (pair / 2) + nt * 8 * Traits::kRowBytes);
+      mma_3xtf32(s[0][nt], corr[nt], q_hi[0], q_lo[0], k.x, k.y);
+      mma_3xtf32(s[0][nt], corr[nt], q_hi[1], q_lo[1], k.z, k.w);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[0][nt][e] += corr[nt][e];
+  }
+}
+
+// O = alpha O + P V(tile), P in the S accumulator layout (probabilities, fp32).
+template <typename Traits>
+__device__ __forceinline__ void accumulate_pv(float (&o)[Traits::kDimTiles][4], const float (&prob)[1][Traits::kKeyTiles][4],
+                                              const float (&alpha)[2], const unsigned char* smem,
+                                              const uint32_t (&v_offset)[2]) {
+  // Key slice ks = key tile ks renumbered: (c0, c2, c1, c3) is the A fragment.
+  uint32_t p_hi[Traits::kKeyTiles][4], p_lo[Traits::kKeyTiles][4];
+#pragma unroll
+  for (int ks = 0; ks < Traits::kKeyTiles; ++ks) {
+    split_fragment(p_hi[ks], p_lo[ks], prob[0][ks][0], prob[0][ks][2], prob[0][ks][1], prob[0][ks][3]);
+  }
+#pragma unroll
+  for (int quad = 0; quad < Traits::kDimQuads; ++quad) {
+    // This tile's contribution to four n8 tiles of O: 8 independent mma chains.
+    float pv[4][4], corr[4][4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pv[w][e] = corr[w][e] = 0.f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < Traits::kKeyTiles; ++ks) {
+      const uint32_t at = 128 * quad + ks * 8 * Traits::kRowBytes;
+      const float4 v_even = load_16B(smem, v_offset[0] + at);  // key 8 ks + 2t: k = t
+      const float4 v_odd = load_16B(smem, v_offset[1] + at);   // key 8 ks + 2t + 1: k = t + 4
+      mma_3xtf32(pv[0], corr[0], p_hi[ks], p_lo[ks], v_even.x, v_odd.x);
+      mma_3xtf32(pv[1], corr[1], p_hi[ks], p_lo[ks], v_even.y, v_odd.y);
+      mma_3xtf32(pv[2], corr[2], p_hi[ks], p_lo[ks], v_even.z, v_odd.z);
+      mma_3xtf32(pv[3], corr[3], p_hi[ks], p_lo[ks], v_even.w, v_odd.w);
+    }
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        o[4 * quad + w][e] = fmaf(o[4 * quad + w][e], alpha[e / 2], pv[w][e] + corr[w][e]);
+      }
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Online softmax
+// ----------------------------------------------------------------------------
+
+// Folds the tile's scores (log2 units) into the running max and sum and turns them into
+// probabilities in place; alpha[half] = exp2(m_old - m_new) rescales O and row_sum. row_sum is
+// this thread's partial over its columns (the quad's partials are added in the epilogue).
+template <typename Traits>
+__device__ __forceinline__ void softmax_step(float (&s)[1][Traits::kKeyTiles][4], float (&alpha)[2],
+                                             float (&row_max)[2], float (&row_sum)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float tile_max = s[0][0][2 * half];
+#pragma unroll
+    for (int nt = 0; nt < Traits::kKeyTiles; ++nt)
+      tile_max = fmaxf(tile_max, fmaxf(s[0][nt][2 * half], s[0][nt][2 * half + 1]));
+    const float new_max = fmaxf(row_max[half], flash_mma::quad_max(tile_max));
+    // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps
+    // exp2(-inf - ...) at 0 rather than NaN.
+    const float reference = new_max == -INFINITY ? 0.f : new_max;
+    alpha[half] = mma::exp2(row_max[half] - reference);
+    row_max[half] = new_max;
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
+#pragma unroll
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        s[0][nt][e] = mma::exp2(s[0][nt][e] - reference);
+        sum += s[0][nt][e];
+      }
+    }
+    row_sum[half] = row_sum[half] * alpha[half] + sum;
+  }
+}
+
+// ----------------------------------------------------------------------------
+// One block: kBlockM query rows of one (batch, head)
+// ----------------------------------------------------------------------------
+
+template <typename Traits, bool kCausal>
+__device__ __forceinline__ void attend_block(const AttentionParams& p) {
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  // Byte offsets in the shared window: Q, then K, then V.
+  constexpr uint32_t kQTile = 0;
+  constexpr uint32_t kKTile = Traits::kQTileBytes;
+  constexpr uint32_t kVTile = kKTile + Traits::kKVTileBytes;
+  const uint32_t smem_base = mma::shared_address(smem);
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;  // fragment row group
+  const int t = lane % 4;  // thread in the quad
+
+  // batch * heads is folded over gridDim.y and gridDim.z (each capped at 65535).
+  const int64_t bh = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
+  if (bh >= p.batch * p.heads) return;
+  const int64_t b = bh / p.heads;
+  const int64_t h = bh % p.heads;
+  const int64_t h_kv = h / (p.heads / p.heads_kv);
+  // Causal: the last query blocks see the most keys; launching them first shortens the grid's tail.
+  const int64_t m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int64_t m0 = m_block * kBlockM;
+  const int64_t block_rows = min(static_cast<int64_t>(kBlockM), p.seqlen_q - m0);
+
+  // Keys [0, key_end) are seen by some row of the block, [0, shared_keys) by every row.
+  const int64_t key_end = kCausal ? causal_keys_visible(m0 + block_rows - 1, p) : p.seqlen_k;
+  const int64_t shared_keys = kCausal ? causal_keys_visible(m0, p) : p.seqlen_k;
+  const int n_tiles = static_cast<int>((key_end + kBlockN - 1) / kBlockN);
+  const int n_unmasked = static_cast<int>(shared_keys / kBlockN);  // tiles [0, n_unmasked) need no mask
+
+  const float* q = static_cast<const float*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride;
+  const float* k = static_cast<const float*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
+  const float* v = static_cast<const float*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+
+  // Rows of this thread's accumulators: warp_m0 + 8 half + g.
+  const int64_t warp_m0 = m0 + warp * Traits::kRowsPerWarp;
+  float o[Traits::kDimTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < Traits::kDimTiles; ++dt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
+  }
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+
+  if (n_tiles > 0) {  // otherwise every row sees no key: the epilogue writes zeros
+    load_tile<Traits, kBlockM, true>(smem_base + kQTile, q, p.q_row_stride, block_rows);
+    mma::commit_copies();
+    load_tile<Traits, kBlockN, true>(smem_base + kKTile, k + (n_tiles - 1) * kBlockN * p.k_row_stride,
+                                     p.k_row_stride, p.seqlen_k - (n_tiles - 1) * kBlockN);
+    mma::commit_copies();
+
+    // Q *= softmax_scale * log2(e), once: scores come out in log2 units, of either sign of the
+    // scale (the max is taken after scaling). Each warp scales its own rows, which arrived
+    // through other warps' copies.
+    const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
+    mma::wait_copies<1>();
+    __syncthreads();
+    float4* q_rows = reinterpret_cast<float4*>(smem + kQTile + warp * Traits::kRowsPerWarp * Traits::kRowBytes);
+#pragma unroll
+    for (int i = 0; i < Traits::kRowsPerWarp * Traits::kChunksPerRow / 32; ++i) {
+      float4 x = q_rows[32 * i + lane];
+      x.x *= scale_log2, x.y *= scale_log2, x.z *= scale_log2, x.w *= scale_log2;
+      q_rows[32 * i + lane] = x;
+    }
+    __syncwarp();
+
+    uint32_t q_offset[2], k_offset[2], v_offset[2];
+    pair_offsets<Traits>(q_offset, kQTile, warp * Traits::kRowsPerWarp + g, t);
+    pair_offsets<Traits>(k_offset, kKTile, g, t);
+    value_offsets<Traits>(v_offset, kVTile, g, t);
+
+    // One key tile; kMasked (a std::bool_constant) selects the tail / diagonal variant.
+    const auto attend_key_tile = [&](const int j, auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      const int64_t n0 = static_cast<int64_t>(j) * kBlockN;
+      mma::wait_copies<0>();
+      __syncthreads();  // K(j) visible to every warp; every warp is done reading V(j+1)
+      if (kMasked && n0 + kBlockN > p.seqlen_k) {
+        load_tile<Traits, kBlockN, true>(smem_base + kVTile, v + n0 * p.v_row_stride, p.v_row_stride, p.seqlen_k - n0);
+      } else {
+        load_tile<Traits, kBlockN, false>(smem_base + kVTile, v + n0 * p.v_row_stride, p.v_row_stride, kBlockN);
+      }
+      mma::commit_copies();
+
+      float s[1][Traits::kKeyTiles][4];
+      scores<Traits>(s, smem, q_offset, k_offset);
+      if constexpr (kMasked) {
+        // Keys of this tile that row r sees: min(r + 1 + seqlen_k - seqlen_q, seqlen_k) - n0,
+        // clamped to [0, kBlockN]. This thread's rows are r0 + {0, 8}; clamping the 64-bit r0
+        // term to [-kRowsPerWarp, kBlockN] first changes no clamped result and keeps the rest in int.
+        const int tail_limit = static_cast<int>(min(p.seqlen_k - n0, int64_t{kBlockN}));
+        int causal_limit = kBlockN;
+        if constexpr (kCausal) {
+          const int64_t r0_limit = warp_m0 + g + 1 + p.seqlen_k - p.seqlen_q - n0;
+          causal_limit = static_cast<int>(max(int64_t{-Traits::kRowsPerWarp}, min(r0_limit, int64_t{kBlockN})));
+        }
+        int row_limit[1][2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int causal = kCausal ? causal_limit + 8 * half : kBlockN;
+          row_limit[0][half] = max(0, min(causal, tail_limit));
+        }
+        flash_mma::mask_scores<Traits>(s, row_limit, t);
+      }
+      float alpha[2];
+      softmax_step<Traits>(s, alpha, row_max, row_sum);
+
+      mma::wait_copies<0>();
+      __syncthreads();  // V(j) visible to every warp; every warp is done reading K(j)
+      if (j > 0) {
+        load_tile<Traits, kBlockN, false>(smem_base + kKTile, k + (n0 - kBlockN) * p.k_row_stride, p.k_row_stride,
+                                          kBlockN);
+        mma::commit_copies();
+      }
+      accumulate_pv<Traits>(o, s, alpha, smem, v_offset);
+    };
+
+    int j = n_tiles - 1;
+    for (; j >= n_unmasked; --j) attend_key_tile(j, std::true_type{});
+    for (; j >= 0; --j) attend_key_tile(j, std::false_type{});
+  }
+
+  // Epilogue. O /= l; a row that saw no key has l = 0 and O = 0 and stays 0. Thread (g, t)
+  // holds dims 32 u + 4t + {0..3} (columns 2t of n8 tiles 4u..4u+3) and 32 u + 16 + 4t + {0..3}
+  // (columns 2t + 1) of rows g and g + 8: 16 B stores straight to global memory, each quad
+  // writing 64 contiguous bytes of a row (whole 32 B sectors).
+  float* out = static_cast<float*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    // A NaN sum (NaN inputs) stays NaN in O and LSE; only an empty row gets zeros and -inf.
+    const float sum = flash_mma::quad_sum(row_sum[half]);
+    const float inv_sum = sum == 0.f ? 0.f : 1.f / sum;
+    const int64_t row = warp_m0 + 8 * half + g;
+    if (row >= p.seqlen_q) continue;
+    if (p.lse != nullptr && t == 0) {
+      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row] =
+          sum == 0.f ? -INFINITY : row_max[half] * flash_mma::kLn2 + logf(sum);
+    }
+    float* out_row = out + row * p.o_row_stride + 4 * t;
+#pragma unroll
+    for (int quad = 0; quad < Traits::kDimQuads; ++quad) {
+#pragma unroll
+      for (int column = 0; column < 2; ++column) {
+        const int e = 2 * half + column;
+        const float4 x = make_float4(o[4 * quad][e] * inv_sum, o[4 * quad + 1][e] * inv_sum,
+                                     o[4 * quad + 2][e] * inv_sum, o[4 * quad + 3][e] * inv_sum);
+        *reinterpret_cast<float4*>(out_row + 32 * quad + 16 * column) = x;
+      }
+    }
+  }
+}
+
+}  // namespace flash_mma_tf32
+
+/// \brief fp32 flash attention forward on tf32 mma.sync (3xTF32); grid (query blocks,
+/// batch*heads folded over y and z). Two blocks per SM is the design point.
+template <int kHeadDim, bool kCausal>
+__global__ void __launch_bounds__(FlashMmaTf32Traits<kHeadDim>::kThreads, FlashMmaTf32Traits<kHeadDim>::kMinBlocksPerSm)
+    flash_mma_tf32_kernel(const __grid_constant__ AttentionParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // cp.async and tf32 mma need sm_80; mma_can_implement refuses older devices
+#else
+  flash_mma_tf32::attend_block<FlashMmaTf32Traits<kHeadDim>, kCausal>(p);
+#endif
+}
+
+// Shared memory per block for a head dim, 0 if unsupported.
+inline int flash_mma_tf32_smem_bytes(int64_t head_dim) {
+  switch (head_dim) {
+    case 64: return FlashMmaTf32Traits<64>::kSmemBytes;
+    case 128: return FlashMmaTf32Traits<128>::kSmemBytes;
+    default: return 0;
+  }
+}
+
+template <int kHeadDim, bool kCausal>
+Status launch_flash_mma_tf32_kernel(const AttentionParams& p, cudaStream_t stream) {
+  using Traits = FlashMmaTf32Traits<kHeadDim>;
+  constexpr int64_t kMaxGridYZ = 65535;
+  const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int64_t bh = p.batch * p.heads;
+  const int64_t grid_y = bh < kMaxGridYZ ? bh : kMaxGridYZ;
+  const int64_t grid_z = (bh + grid_y - 1) / grid_y;
+  if (m_blocks > INT32_MAX || grid_z > kMaxGridYZ) {
+    return Status::NotSupported("backend 'mma': seqlen_q " + std::to_string(p.seqlen_q) + " with batch*heads " +
+                                std::to_string(bh) + " exceeds the CUDA grid");
+  }
+  const auto kernel = flash_mma_tf32_kernel<kHeadDim, kCausal>;
+  // Above 48 KB, dynamic shared memory must be opted into per kernel.
+  WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(grid_y), static_cast<unsigned>(grid_z));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+  return cuda_status(cudaGetLastError(), "flash_mma_tf32_kernel launch");
+}
+
+/// \brief Launches the fp32 (3xTF32) mma.sync forward on `stream` (params.device_id must be current).
+template <int kHeadDim>
+Status launch_flash_mma_tf32(const AttentionParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
+  return p.is_causal ? launch_flash_mma_tf32_kernel<kHeadDim, true>(p, stream)
+                     : launch_flash_mma_tf32_kernel<kHeadDim, false>(p, stream);
+}
+
+extern template Status launch_flash_mma_tf32<64>(const AttentionParams&, cudaStream_t);
+extern template Status launch_flash_mma_tf32<128>(const AttentionParams&, cudaStream_t);
+
+}  // namespace waveboost::cuda
