@@ -185,15 +185,14 @@ Status validate(const AttentionParams& p) {
 
 Backend select_backend(const AttentionParams& p) {
   if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
-  // On CUDA: tensor cores for half precision, CUDA cores for fp32, both at the
-  // specialized head dims; the naive path covers every other head dim. mma is
-  // 1.02-1.15x SDPA's FlashAttention-2 and 1.4x wmma on an H100 (benchmarks/NOTES.md),
-  // but needs sm_80+ and 16-byte aligned data; wmma takes what it refuses.
+  // On CUDA at the specialized head dims: mma (tensor cores; fp32 through 3xTF32) is
+  // 1.02-1.15x SDPA's FlashAttention-2 in fp16/bf16 and 1.5-2x SDPA's efficient kernel in
+  // fp32 on an H100 (benchmarks/NOTES.md), but needs sm_80+ and aligned data. What it
+  // refuses goes to wmma (fp16/bf16) or simt (any dtype); the naive path covers every
+  // other head dim.
   const bool specialized = p.head_dim == 64 || p.head_dim == 128;
-  if (specialized && (p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16)) {
-    if (can_implement(p, Backend::kMma).ok()) return Backend::kMma;
-    if (can_implement(p, Backend::kWmma).ok()) return Backend::kWmma;
-  }
+  if (specialized && can_implement(p, Backend::kMma).ok()) return Backend::kMma;
+  if (specialized && p.dtype != DType::kFloat32 && can_implement(p, Backend::kWmma).ok()) return Backend::kWmma;
   if (specialized && can_implement(p, Backend::kSimt).ok()) return Backend::kSimt;
   return Backend::kNaive;
 }

@@ -25,10 +25,8 @@
 // operands, exact products, round-toward-zero sums): ~5e-7 relative (Frobenius) at 1-2k keys;
 // accumulating O on the tensor core instead gives ~1e-5 already at 1k keys.
 //
-// Non-finite inputs: NaN propagates. An infinite operand x splits into hi = x, lo = inf - inf
-// = NaN, so +-inf in Q, K or V yields NaN where IEEE arithmetic gives +-inf (or, for a row of
-// -inf scores, zeros and LSE -inf). Keeping those exact needs hi saturated to the largest tf32
-// (lo = +-inf then carries the infinity): two more instructions per split, +44% in the loop.
+// Non-finite inputs propagate as in IEEE arithmetic: split_tf32 sends an infinity through hi
+// alone (lo = 0, not inf - inf = NaN).
 //
 // Fragments without shuffles. P V contracts over keys, and any fixed renumbering of a tile's
 // keys, applied to P's columns and V's rows alike, leaves it unchanged. Thread (g, t) holds

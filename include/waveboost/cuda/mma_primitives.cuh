@@ -114,9 +114,10 @@ __device__ __forceinline__ void mma_16x8x8_tf32(float (&d)[4], const uint32_t (&
 // significant bits: an error below 2^-21 |x|, unbiased since lo's sign is random.
 // sm_90: cvt.rn.tf32.f32 is one F2FP.TF32 instruction, so a split costs 2 (F2FP, FADD).
 // sm_80 has no rounding instruction (cvt.rna.tf32.f32 becomes FSETP, IADD3, SEL, LOP3), so
-// hi is rounded in two integer ops (ties away from zero, as cvt.rna), 3 in all, without
-// cvt.rna's infinity test: x = +-inf or NaN still gives a non-finite hi + lo (lo = NaN).
-// |x| within 2^-12 of FLT_MAX rounds hi to inf, as both conversions do.
+// hi is rounded in two integer ops (ties away from zero, as cvt.rna), 3 in all.
+// Non-finite x: NaN gives hi = lo = NaN; +-inf gives hi = +-inf, lo = 0, so infinities reach
+// the products as IEEE arithmetic has them (2 more instructions per split). |x| within 2^-12
+// of FLT_MAX rounds hi to inf, as both conversions do.
 struct Tf32Pair {
   uint32_t hi;
   uint32_t lo;
@@ -129,7 +130,10 @@ __device__ __forceinline__ Tf32Pair split_tf32(float x) {
 #else
   hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
 #endif
-  return {hi, __float_as_uint(x - __uint_as_float(hi))};
+  // An infinite hi (x = +-inf) travels alone: x - hi would be inf - inf = NaN, turning an
+  // infinity that IEEE arithmetic keeps (or a -inf score that softmax sends to 0) into NaN.
+  const float lo = isinf(__uint_as_float(hi)) ? 0.0f : x - __uint_as_float(hi);
+  return {hi, __float_as_uint(lo)};
 }
 
 // ----------------------------------------------------------------------------

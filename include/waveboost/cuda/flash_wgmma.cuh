@@ -1,0 +1,527 @@
+// Hopper flash attention forward on warpgroup MMA (backend "wgmma", sm_90a only).
+//
+// FlashAttention-3's forward without its producer warp: one block owns kBlockM = 128 query
+// rows of one (batch, head) and runs two warpgroups of 64 rows each (wgmma's M). Every
+// warpgroup walks the key tiles the block can see, last to first, with the online softmax
+// of the mma path (flash_mma.cuh):
+//
+//   S = Q K^T        wgmma m64n128k16, Q and K from shared memory (both K-major)
+//   softmax          on S's accumulators in registers, exp2 with scale * log2(e) folded
+//   O += P V         wgmma m64nDk16 with P from registers (the accumulator layout is the A
+//                    fragment layout) and V from shared memory, MN-major (imm-trans-b)
+//
+// Overlap inside a warpgroup (FA3's "intra-warpgroup pipelining"): tile i issues S(i) and
+// then P(i-1) V(i-1) back to back, waits for S(i) only, and computes softmax(S(i)) while the
+// tensor cores run P(i-1) V(i-1); O is rescaled, and P(i) packed into the A registers
+// P(i-1) occupied, once that product has landed. The two warpgroups of a block also cover
+// each other's softmax.
+//
+// Loads: every thread issues 16 B cp.async into the 128 B-swizzled layout the descriptors
+// describe (see wgmma_primitives.cuh), zero-filling rows beyond the sequence. K and V are
+// double-buffered; V runs one tile behind K because P(i-1) V(i-1) is still reading its
+// buffer during tile i. One barrier per tile: at the top of tile i every thread has waited
+// for its own copies of K(i) and V(i-1) and fenced them into the async proxy, and every
+// warpgroup has finished S(i-1) and P(i-2) V(i-2), whose buffers the copies issued right
+// after the barrier (K(i+1), V(i)) overwrite.
+//
+// Shared memory (D = 128: 161 KB, D = 64: 81 KB) allows one block (8 warps) per SM; so do
+// registers (S 64 + O D/2 + P 32 per thread).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "waveboost/cuda/common.cuh"
+#include "waveboost/cuda/mma_primitives.cuh"
+#include "waveboost/cuda/wgmma_primitives.cuh"
+
+namespace waveboost::cuda {
+
+/// \brief Compile-time choices of the wgmma flash kernel.
+/// \tparam Element_  __half or __nv_bfloat16 (Q, K, V, O, P); accumulation is fp32.
+/// \tparam kHeadDim_ 64 or 128.
+template <typename Element_, int kHeadDim_>
+struct FlashWgmmaTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kThreads = kWarpgroups * 128;
+  static constexpr int kRowsPerWarpgroup = 64;  // wgmma's M
+  static constexpr int kBlockM = kWarpgroups * kRowsPerWarpgroup;
+  // Keys per tile = N of S's wgmma. 128 keeps S at 64 registers per thread and gives each
+  // wgmma of Q K^T 64 x 128 x 16 (long instructions amortize their issue); D = 128 then
+  // holds S 64 + O 64 floats + P 32 registers per thread.
+  static constexpr int kBlockN = 128;
+
+  static constexpr int kScoreRegs = kBlockN / 2;      // S accumulators per thread (64 x kBlockN / 128)
+  static constexpr int kOutRegs = kHeadDim / 2;       // O accumulators per thread
+  static constexpr int kKeyTiles = kBlockN / 8;       // 8-column groups of S
+  static constexpr int kKeySlices = kBlockN / 16;     // k16 slices of P V
+  static constexpr int kDimSlices = kHeadDim / 16;    // k16 slices of Q K^T
+
+  // Tiles are stored as kHeadDim / 64 panels of 64 columns; a panel row is 128 B, the width
+  // of the 128 B swizzle, and panel p of a tile with R rows starts p * R * 128 B in.
+  static constexpr int kPanelCols = 64;
+  static constexpr int kRowBytes = 128;
+  static constexpr int kChunk = 16 / int(sizeof(Element));  // elements per 16 B chunk
+  static constexpr int kChunksPerRow = kHeadDim / kChunk;
+  static constexpr int kRowsPerCopyPass = kThreads / kChunksPerRow;
+
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * int(sizeof(Element));
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * int(sizeof(Element));
+  static constexpr int kStages = 2;
+  // Swizzle atoms must start on 1024 B boundaries; the kernel rounds the dynamic
+  // shared-memory base up, which costs at most this much.
+  static constexpr int kAtomBytes = 1024;
+  static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kAtomBytes;
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(sizeof(Element) == 2, "16-bit elements");
+  static_assert(kPanelCols * int(sizeof(Element)) == kRowBytes, "a panel row is one 128 B swizzle row");
+  // A copy pass covers a multiple of 8 rows, so a thread's chunk swizzle is the same every pass.
+  static_assert(kRowsPerCopyPass % 8 == 0 && kBlockM % kRowsPerCopyPass == 0 && kBlockN % kRowsPerCopyPass == 0);
+  // Tiles and panels are whole atoms, so every tile and panel start stays 1024 B aligned.
+  static_assert(kQTileBytes % kAtomBytes == 0 && kKVTileBytes % kAtomBytes == 0 && kBlockN % 8 == 0);
+  static_assert(16 * kChunksPerRow % 32 == 0, "the epilogue stores whole warps of chunks");
+};
+
+namespace flash_wgmma {
+
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Byte offset of 16 B chunk `chunk` (0 .. kChunksPerRow - 1) of row `row` in a tile of kRows
+// rows: panel chunk / 8, then the row's 128 B, then the chunk swizzled by the row within its
+// 8-row atom. This is the layout wgmma reads through descriptor_128b (wgmma_primitives.cuh).
+template <typename Traits, int kRows>
+__device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
+  return static_cast<uint32_t>((chunk / 8) * kRows * Traits::kRowBytes + row * Traits::kRowBytes +
+                               ((chunk % 8) ^ (row % 8)) * 16);
+}
+
+// Issues cp.async for rows [0, kRows) of a tile whose rows are row_stride elements apart.
+// kGuarded: rows >= valid_rows are zero-filled (only the last key tile and the Q tile can be
+// partial); the unguarded form spends no compares on the bound.
+template <typename Traits, int kRows, bool kGuarded>
+__device__ __forceinline__ void load_tile(uint32_t tile, const typename Traits::Element* src, int64_t row_stride,
+                                          int64_t valid_rows) {
+  const int chunk = threadIdx.x % Traits::kChunksPerRow;
+  const int row = threadIdx.x / Traits::kChunksPerRow;
+  const uint32_t dst = tile + tile_offset<Traits, kRows>(row, chunk);
+  const typename Traits::Element* src_row = src + row * row_stride + chunk * Traits::kChunk;
+  const int64_t pass_stride = Traits::kRowsPerCopyPass * row_stride;
+#pragma unroll
+  for (int i = 0; i < kRows / Traits::kRowsPerCopyPass; ++i) {
+    const uint32_t dst_i = dst + i * Traits::kRowsPerCopyPass * Traits::kRowBytes;
+    if constexpr (kGuarded) {
+      const bool valid = row + i * Traits::kRowsPerCopyPass < valid_rows;
+      mma::copy_async_16B(dst_i, valid ? src_row + i * pass_stride : src, valid);
+    } else {
+      mma::copy_async_16B(dst_i, src_row + i * pass_stride, true);
+    }
+  }
+}
+
+// Flips the sign bits of the Q chunks this thread copied (the same chunks load_tile<kBlockM>
+// wrote), after its own copies have completed: no other thread's data is touched.
+template <typename Traits>
+__device__ __forceinline__ void negate_own_q_chunks(unsigned char* q_tile) {
+  const int chunk = threadIdx.x % Traits::kChunksPerRow;
+  const int row = threadIdx.x / Traits::kChunksPerRow;
+  const uint32_t offset = tile_offset<Traits, Traits::kBlockM>(row, chunk);
+#pragma unroll
+  for (int i = 0; i < Traits::kBlockM / Traits::kRowsPerCopyPass; ++i) {
+    uint4* x = reinterpret_cast<uint4*>(q_tile + offset + i * Traits::kRowsPerCopyPass * Traits::kRowBytes);
+    uint4 v = *x;
+    v.x ^= 0x80008000u, v.y ^= 0x80008000u, v.z ^= 0x80008000u, v.w ^= 0x80008000u;
+    *x = v;
+  }
+}
+
+// ----------------------------------------------------------------------------
+// The two products (issue only; the caller commits and waits)
+// ----------------------------------------------------------------------------
+
+// S = Q K^T for the warpgroup's 64 rows. q_desc / k_desc describe column 0 of the warpgroup's
+// Q rows / of the K tile. k16 slice kk sits in panel kk / 4, 32 B * (kk % 4) into each row.
+template <typename Traits>
+__device__ __forceinline__ void issue_scores(float (&s)[Traits::kScoreRegs], uint64_t q_desc, uint64_t k_desc) {
+  using Element = typename Traits::Element;
+  wgmma::mma_m64n128k16_ss<Element, false>(s, q_desc, k_desc);
+#pragma unroll
+  for (int kk = 1; kk < Traits::kDimSlices; ++kk) {
+    const uint32_t in_row = (kk % 4) * 32;
+    wgmma::mma_m64n128k16_ss<Element, true>(
+        s, wgmma::advance(q_desc, (kk / 4) * Traits::kBlockM * Traits::kRowBytes + in_row),
+        wgmma::advance(k_desc, (kk / 4) * Traits::kBlockN * Traits::kRowBytes + in_row));
+  }
+}
+
+// O += P V. p[ks] is the A fragment of keys 16 ks .. 16 ks + 15; their V rows start 16 ks
+// rows (two atoms) into the tile.
+template <typename Traits>
+__device__ __forceinline__ void issue_pv(float (&o)[Traits::kOutRegs], const uint32_t (&p)[Traits::kKeySlices][4],
+                                         uint64_t v_desc) {
+#pragma unroll
+  for (int ks = 0; ks < Traits::kKeySlices; ++ks) {
+    wgmma::mma_m64nNk16_rs_tb<typename Traits::Element, Traits::kHeadDim>(
+        o, p[ks], wgmma::advance(v_desc, ks * 16 * Traits::kRowBytes));
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Online softmax on the accumulators
+// ----------------------------------------------------------------------------
+// Thread (g, t) of warp w holds rows 16 w + g (half 0: s[4 nt + 0, 1]) and 16 w + g + 8
+// (half 1: s[4 nt + 2, 3]) of its warpgroup, columns 8 nt + 2 t + {0, 1}. A row is spread
+// over the 4 threads of a quad.
+
+// Scores of keys at or beyond the row's visible limit become -inf; `row_limit[half]` is the
+// number of this tile's keys the row sees (0..kBlockN).
+template <typename Traits>
+__device__ __forceinline__ void mask_scores(float (&s)[Traits::kScoreRegs], const int (&row_limit)[2], int t) {
+#pragma unroll
+  for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (nt * 8 + 2 * t + (e % 2) >= row_limit[e / 2]) s[4 * nt + e] = -INFINITY;
+    }
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Folds the tile's scores into the running statistics and turns them, in place, into the
+// unnormalized probabilities P = exp2(c S - m_new); returns the factors alpha =
+// exp2(m_old - m_new) that O still needs (applied by the caller once the product in flight
+// has landed). row_max is in scaled log2 units; row_sum is this thread's partial sum over
+// its columns (the quad's partials are added once, in the epilogue). Returns whether any row
+// of the warp raised its max (else alpha == 1 exactly).
+template <typename Traits>
+__device__ __forceinline__ bool softmax_step(float (&s)[Traits::kScoreRegs], float (&alpha)[2], float (&row_max)[2],
+                                             float (&row_sum)[2], float scale_log2) {
+  bool raised = false;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float tile_max = s[2 * half];
+#pragma unroll
+    for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
+      tile_max = fmaxf(tile_max, fmaxf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
+    }
+    // scale_log2 > 0, so scaling commutes with the max; -inf stays -inf.
+    const float new_max = fmaxf(row_max[half], quad_max(tile_max) * scale_log2);
+    // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps
+    // exp2(-inf - ...) at 0 rather than NaN.
+    const float reference = new_max == -INFINITY ? 0.f : new_max;
+    alpha[half] = mma::exp2(row_max[half] - reference);
+    raised |= new_max != row_max[half];
+    row_max[half] = new_max;
+
+    const float neg_reference = -reference;
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * nt + 2 * half + e];
+        x = mma::exp2(fmaf(x, scale_log2, neg_reference));
+        sum += x;
+      }
+    }
+    row_sum[half] = row_sum[half] * alpha[half] + sum;
+  }
+  return __any_sync(0xffffffffu, raised);
+}
+
+// P as the A fragments of P V: column group nt fills half (nt % 2) of slice nt / 2,
+// registers a{0,1} for its first 8 keys, a{2,3} for the next; a{0,2} are row g, a{1,3} row
+// g + 8. Runs only after the previous P V has completed: its A registers are then free, and
+// reusing them is what keeps the compiler from serializing the wgmma pipeline (ptxas would
+// otherwise see registers of an in-flight wgmma being redefined).
+template <typename Traits>
+__device__ __forceinline__ void pack_probabilities(const float (&s)[Traits::kScoreRegs],
+                                                   uint32_t (&p)[Traits::kKeySlices][4]) {
+#pragma unroll
+  for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      p[nt / 2][2 * (nt % 2) + half] =
+          mma::pack_pair<typename Traits::Element>(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]);
+    }
+  }
+}
+
+template <typename Traits>
+__device__ __forceinline__ void rescale(float (&o)[Traits::kOutRegs], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < Traits::kOutRegs; ++i) o[i] *= alpha[(i / 2) % 2];
+}
+
+// ----------------------------------------------------------------------------
+// One block: kBlockM query rows of one (batch, head)
+// ----------------------------------------------------------------------------
+
+template <typename Traits, bool kCausal>
+__device__ __forceinline__ void attend_block(const AttentionParams& p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kRowBytes = Traits::kRowBytes;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t raw_address = mma::shared_address(smem_raw);
+  const uint32_t align_pad = (Traits::kAtomBytes - raw_address % Traits::kAtomBytes) % Traits::kAtomBytes;
+  unsigned char* const q_smem = smem_raw + align_pad;
+  const uint32_t q_tile = raw_address + align_pad;
+  const uint32_t k_tile = q_tile + Traits::kQTileBytes;                       // kStages K tiles
+  const uint32_t v_tile = k_tile + Traits::kStages * Traits::kKVTileBytes;  // kStages V tiles
+
+  const int warpgroup = threadIdx.x / 128;
+  const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  // batch * heads is folded over gridDim.y and gridDim.z (each capped at 65535).
+  const int64_t bh = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
+  if (bh >= p.batch * p.heads) return;
+  const int64_t b = bh / p.heads;
+  const int64_t h = bh % p.heads;
+  const int64_t h_kv = h / (p.heads / p.heads_kv);
+  // Causal: the last query blocks see the most keys; launching them first shortens the grid's tail.
+  const int64_t m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int64_t m0 = m_block * kBlockM;
+  const int64_t block_rows = min(static_cast<int64_t>(kBlockM), p.seqlen_q - m0);
+
+  // Keys [0, key_end) are seen by some row of the block, [0, shared_keys) by every row.
+  const int64_t key_end = kCausal ? causal_keys_visible(m0 + block_rows - 1, p) : p.seqlen_k;
+  const int64_t shared_keys = kCausal ? causal_keys_visible(m0, p) : p.seqlen_k;
+  // Tile counts fit int: 2^31 tiles of 128 keys would be 2^38 keys of one sequence.
+  const int n_tiles = static_cast<int>((key_end + kBlockN - 1) / kBlockN);
+  const int n_unmasked = static_cast<int>(shared_keys / kBlockN);  // tiles [0, n_unmasked) need no mask
+
+  const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride;
+  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
+  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+
+  // Rows of this thread's accumulators: warp_m0 + g + 8 half.
+  const int warp_row = warpgroup * Traits::kRowsPerWarpgroup + warp * 16;  // within the block
+  const int64_t warp_m0 = m0 + warp_row;
+  float o[Traits::kOutRegs];
+#pragma unroll
+  for (int i = 0; i < Traits::kOutRegs; ++i) o[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+
+  if (n_tiles > 0) {  // otherwise every row sees no key: the epilogue writes zeros
+    load_tile<Traits, kBlockM, true>(q_tile, q, p.q_row_stride, block_rows);
+    load_tile<Traits, kBlockN, true>(k_tile, k + (n_tiles - 1) * int64_t{kBlockN} * p.k_row_stride, p.k_row_stride,
+                                     p.seqlen_k - (n_tiles - 1) * int64_t{kBlockN});
+    mma::commit_copies();
+
+    // softmax(c S) with c < 0 is softmax(|c| (-Q) K^T): Q's sign bits are flipped once
+    // (exact), and the loop only ever sees a positive scale, which commutes with the row max.
+    // c == 0 becomes the smallest normal float: every c S then rounds exp2 to exactly 1 as
+    // c = 0 would, while masked -inf scores stay -inf (not 0 * -inf).
+    const float scale_log2 = fmaxf(static_cast<float>(fabs(p.softmax_scale) * kLog2e), 1.17549435e-38f);
+    const bool negate_q = p.softmax_scale < 0;
+
+    // K-major operands: 8-row groups 1024 B apart (LBO unused). V (MN-major): groups of 8
+    // keys 1024 B apart, 64-column panels kBlockN * 128 B apart.
+    const uint64_t q_desc =
+        wgmma::descriptor_128b(q_tile + warpgroup * Traits::kRowsPerWarpgroup * kRowBytes, 16, 8 * kRowBytes);
+    const uint64_t k_desc = wgmma::descriptor_128b(k_tile, 16, 8 * kRowBytes);
+    const uint64_t v_desc = wgmma::descriptor_128b(v_tile, kBlockN * kRowBytes, 8 * kRowBytes);
+
+    uint32_t p_prev[Traits::kKeySlices][4];  // P(i-1), the A operand of the product in flight in tile i
+
+    // Tile i of the visit order is key tile j = n_tiles - 1 - i, in K/V buffer i % 2.
+    // kMasked (a std::bool_constant) selects the tail / diagonal variant, so the unmasked
+    // loop carries neither the mask nor the bounds of a partial tile. kFirst: tile 0, which
+    // has no product in flight (and always takes the masked variant, correct for any tile).
+    // Both are compile-time so that every wgmma batch sits in one basic block after its
+    // wgmma.fence (ptxas otherwise injects fences of its own).
+    const auto attend_key_tile = [&](const int i, auto masked, auto first) {
+      constexpr bool kMasked = decltype(masked)::value;
+      constexpr bool kFirst = decltype(first)::value;
+      const int j = n_tiles - 1 - i;
+      const int64_t n0 = static_cast<int64_t>(j) * kBlockN;
+      const int stage = i % 2;
+
+      // K(i) and V(i-1) landed (this thread's copies), handed to the async proxy; then every
+      // thread's copies are visible and every warpgroup is done with S(i-1) and P(i-2) V(i-2).
+      mma::wait_copies<0>();
+      if (kFirst && negate_q) negate_own_q_chunks<Traits>(q_smem);
+      wgmma::fence_proxy_async();
+      __syncthreads();
+      if (j > 0) {
+        load_tile<Traits, kBlockN, false>(k_tile + (1 - stage) * Traits::kKVTileBytes,
+                                          k + (n0 - kBlockN) * p.k_row_stride, p.k_row_stride, kBlockN);
+      }
+      if (kMasked && n0 + kBlockN > p.seqlen_k) {
+        load_tile<Traits, kBlockN, true>(v_tile + stage * Traits::kKVTileBytes, v + n0 * p.v_row_stride,
+                                         p.v_row_stride, p.seqlen_k - n0);
+      } else {
+        load_tile<Traits, kBlockN, false>(v_tile + stage * Traits::kKVTileBytes, v + n0 * p.v_row_stride,
+                                          p.v_row_stride, kBlockN);
+      }
+      mma::commit_copies();
+
+      // S(i), then P(i-1) V(i-1); wait for S(i) only.
+      float s[Traits::kScoreRegs];
+      if constexpr (!kFirst) {
+        wgmma::fence_operands(o);
+        wgmma::fence_operands(p_prev);
+      }
+      wgmma::fence();
+      issue_scores<Traits>(s, q_desc, wgmma::advance(k_desc, stage * Traits::kKVTileBytes));
+      wgmma::commit_group();
+      if constexpr (!kFirst) {
+        issue_pv<Traits>(o, p_prev, wgmma::advance(v_desc, (1 - stage) * Traits::kKVTileBytes));
+        wgmma::commit_group();
+        wgmma::wait_group<1>();
+      } else {
+        wgmma::wait_group<0>();
+      }
+      wgmma::fence_operands(s);
+
+      if constexpr (kMasked) {
+        // Keys of this tile that row r sees: min(r + 1 + seqlen_k - seqlen_q, seqlen_k) - n0,
+        // clamped to [0, kBlockN]. This thread's rows are r0 + {0, 8}; clamping the 64-bit
+        // r0 term to [-8, kBlockN] first changes no clamped result and keeps the rest in int.
+        const int tail_limit = static_cast<int>(min(p.seqlen_k - n0, int64_t{kBlockN}));
+        int causal_limit = kBlockN;
+        if constexpr (kCausal) {
+          const int64_t r0_limit = warp_m0 + g + 1 + p.seqlen_k - p.seqlen_q - n0;
+          causal_limit = static_cast<int>(max(int64_t{-8}, min(r0_limit, int64_t{kBlockN})));
+        }
+        int row_limit[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int causal = kCausal ? causal_limit + 8 * half : kBlockN;
+          row_limit[half] = max(0, min(causal, tail_limit));
+        }
+        mask_scores<Traits>(s, row_limit, t);
+      }
+      float alpha[2];
+      [[maybe_unused]] const bool raised = softmax_step<Traits>(s, alpha, row_max, row_sum, scale_log2);
+
+      if constexpr (!kFirst) {  // tile 0 meets O = 0: nothing to rescale
+        wgmma::wait_group<0>();
+        wgmma::fence_operands(o);
+        wgmma::fence_operands(p_prev);
+        if (raised) rescale<Traits>(o, alpha);
+      }
+      pack_probabilities<Traits>(s, p_prev);
+    };
+
+    attend_key_tile(0, std::true_type{}, std::true_type{});
+    int i = 1;
+    for (; i < n_tiles - n_unmasked; ++i) attend_key_tile(i, std::true_type{}, std::false_type{});
+    for (; i < n_tiles; ++i) attend_key_tile(i, std::false_type{}, std::false_type{});
+
+    // The last product, P(n-1) V(n-1), once V(n-1) has landed.
+    mma::wait_copies<0>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    wgmma::fence_operands(o);
+    wgmma::fence_operands(p_prev);
+    wgmma::fence();
+    issue_pv<Traits>(o, p_prev, wgmma::advance(v_desc, ((n_tiles - 1) % 2) * Traits::kKVTileBytes));
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(o);
+  }
+
+  // Epilogue. O /= l; a row that saw no key has l = 0 and O = 0 and stays 0.
+  float inv_sum[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float sum = quad_sum(row_sum[half]);
+    inv_sum[half] = sum > 0.f ? 1.f / sum : 0.f;
+    const int64_t row = warp_m0 + g + 8 * half;
+    if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
+      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row] =
+          sum > 0.f ? row_max[half] * kLn2 + logf(sum) : -INFINITY;
+    }
+  }
+
+  // O leaves through the warp's own 16 Q rows in shared memory, as 16 B row-contiguous
+  // stores. Every S product (the only reader of Q) completed before the last barrier, so
+  // the rows are free; only this warp touches them now. Fragment writes: a quad fills one
+  // 16 B chunk, eight rows with distinct swizzles: conflict-free.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = warp_row + g + 8 * half;
+#pragma unroll
+    for (int dt = 0; dt < Traits::kChunksPerRow; ++dt) {
+      *reinterpret_cast<uint32_t*>(q_smem + tile_offset<Traits, kBlockM>(row, dt) + 4 * t) = mma::pack_pair<Element>(
+          o[4 * dt + 2 * half] * inv_sum[half], o[4 * dt + 2 * half + 1] * inv_sum[half]);
+    }
+  }
+  __syncwarp();
+  Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride + warp_m0 * p.o_row_stride;
+  const int64_t valid_rows = p.seqlen_q - warp_m0;
+#pragma unroll
+  for (int i = 0; i < 16 * Traits::kChunksPerRow / 32; ++i) {
+    const int row = (i * 32 + lane) / Traits::kChunksPerRow;
+    const int chunk = (i * 32 + lane) % Traits::kChunksPerRow;
+    if (row < valid_rows) {
+      *reinterpret_cast<uint4*>(out + row * p.o_row_stride + chunk * Traits::kChunk) =
+          *reinterpret_cast<const uint4*>(q_smem + tile_offset<Traits, kBlockM>(warp_row + row, chunk));
+    }
+  }
+}
+
+}  // namespace flash_wgmma
+
+/// \brief Flash attention forward on wgmma; grid (query blocks, batch*heads folded over y and z).
+/// One block of two warpgroups per SM (shared memory and registers both say so).
+template <typename Element, int kHeadDim, bool kCausal>
+__global__ void __launch_bounds__(FlashWgmmaTraits<Element, kHeadDim>::kThreads, 1)
+    flash_wgmma_kernel(const __grid_constant__ AttentionParams p) {
+  flash_wgmma::attend_block<FlashWgmmaTraits<Element, kHeadDim>, kCausal>(p);
+}
+
+template <typename Element, int kHeadDim, bool kCausal>
+Status launch_flash_wgmma_kernel(const AttentionParams& p, cudaStream_t stream) {
+  using Traits = FlashWgmmaTraits<Element, kHeadDim>;
+  constexpr int64_t kMaxGridYZ = 65535;
+  const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int64_t bh = p.batch * p.heads;
+  const int64_t grid_y = bh < kMaxGridYZ ? bh : kMaxGridYZ;
+  const int64_t grid_z = (bh + grid_y - 1) / grid_y;
+  if (m_blocks > INT32_MAX || grid_z > kMaxGridYZ) {
+    return Status::NotSupported("backend 'wgmma': seqlen_q " + std::to_string(p.seqlen_q) + " with batch*heads " +
+                                std::to_string(bh) + " exceeds the CUDA grid");
+  }
+  const auto kernel = flash_wgmma_kernel<Element, kHeadDim, kCausal>;
+  // Above 48 KB, dynamic shared memory must be opted into per kernel.
+  WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(grid_y), static_cast<unsigned>(grid_z));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+  return cuda_status(cudaGetLastError(), "flash_wgmma_kernel launch");
+}
+
+/// \brief Launches the wgmma forward on `stream` (params.device_id must be current).
+template <typename Element, int kHeadDim>
+Status launch_flash_wgmma(const AttentionParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
+  return p.is_causal ? launch_flash_wgmma_kernel<Element, kHeadDim, true>(p, stream)
+                     : launch_flash_wgmma_kernel<Element, kHeadDim, false>(p, stream);
+}
+
+extern template Status launch_flash_wgmma<__half, 64>(const AttentionParams&, cudaStream_t);
+extern template Status launch_flash_wgmma<__half, 128>(const AttentionParams&, cudaStream_t);
+extern template Status launch_flash_wgmma<__nv_bfloat16, 64>(const AttentionParams&, cudaStream_t);
+extern template Status launch_flash_wgmma<__nv_bfloat16, 128>(const AttentionParams&, cudaStream_t);
+
+}  // namespace waveboost::cuda

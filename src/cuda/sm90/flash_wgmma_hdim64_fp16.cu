@@ -1,0 +1,15 @@
+// Explicit instantiation: wgmma flash forward (sm_90a), head_dim 64, fp16, and its plain host
+// entry points for src/cuda/flash_wgmma_launch.cu (compiled for every architecture).
+#include "waveboost/cuda/flash_wgmma.cuh"
+
+namespace waveboost::cuda {
+
+template Status launch_flash_wgmma<__half, 64>(const AttentionParams&, cudaStream_t);
+
+Status launch_flash_wgmma_hdim64_fp16(const AttentionParams& p, cudaStream_t stream) {
+  return launch_flash_wgmma<__half, 64>(p, stream);
+}
+
+int flash_wgmma_hdim64_fp16_smem_bytes() { return FlashWgmmaTraits<__half, 64>::kSmemBytes; }
+
+}  // namespace waveboost::cuda
