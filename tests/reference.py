@@ -75,3 +75,180 @@ def random_qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=
     k = rng.standard_normal((batch, seqlen_k, heads_kv, head_dim)).astype(dtype)
     v = rng.standard_normal((batch, seqlen_k, heads_kv, head_dim)).astype(dtype)
     return q, k, v
+
+
+def attention_ref_ieee(q, k, v, causal=False, softmax_scale=None):
+    """float64 attention whose non-finite inputs propagate the IEEE way (NumPy, BSHD).
+
+    Differs from attention_ref only where the data is not finite: attention_ref turns a
+    row whose softmax denominator is NaN into zeros and LSE -inf (its `denom > 0` test),
+    which is what a row with no visible key gets. Here:
+      * a row that sees no key, or whose visible scores are all -inf, gives zeros, LSE -inf;
+      * a NaN score among a row's visible keys (NaN in q, or in a visible k row) makes the
+        row's output and LSE NaN; a +inf score makes them NaN (+inf - +inf);
+      * scores of keys a row does not see (causal) never matter, whatever their value;
+      * out = P V over every key, so NaN/Inf in a v row reaches out[:, i, :, d] for the rows
+        i with P[i, j] > 0, and also (0 * NaN) for rows that do not see key j: callers
+        treat those as unspecified.
+    Returns (out, lse) in float64: (B, Lq, H, D), (B, H, Lq).
+    """
+    q = np.asarray(q).astype(np.float64)
+    k = np.asarray(k).astype(np.float64)
+    v = np.asarray(v).astype(np.float64)
+    b, lq, h, d = q.shape
+    lk, hkv = k.shape[1], k.shape[2]
+    group = h // hkv
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    k = np.repeat(k, group, axis=2)
+    v = np.repeat(v, group, axis=2)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        s = np.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
+        visible = causal_mask(lq, lk) if causal else np.ones((lq, lk), dtype=bool)
+        s = np.where(visible[None, None], s, -np.inf)
+        m = np.max(s, axis=-1, keepdims=True) if lk > 0 else np.full(s.shape[:-1] + (1,), -np.inf)
+        empty = m == -np.inf  # no visible key, or every visible score is -inf
+        m_ref = np.where(empty, 0.0, m)  # NaN and +inf stay and reach p
+        p = np.exp(s - m_ref)
+        denom = np.sum(p, axis=-1, keepdims=True)
+        out = np.einsum("bhqk,bkhd->bqhd", np.where(empty, 0.0, p / np.where(empty, 1.0, denom)), v)
+        lse = np.where(empty, -np.inf, np.log(denom) + m_ref)[..., 0]
+    return out, lse
+
+
+def attention_ref_torch(q, k, v, causal, scale, dtype=None):
+    """softmax(scale q k^T) v in `dtype` (float64 by default) on q's device; BSHD in and out; lse (B, H, Lq).
+
+    With dtype=q.dtype it is the plain same-dtype implementation of the half-precision rule.
+    Rows with no visible key get out 0 and LSE -inf.
+    """
+    import torch
+
+    if dtype is None:
+        dtype = torch.float64
+    group = q.shape[2] // k.shape[2]
+    qt = q.to(dtype).transpose(1, 2)
+    kt = k.to(dtype).repeat_interleave(group, dim=2).transpose(1, 2)
+    vt = v.to(dtype).repeat_interleave(group, dim=2).transpose(1, 2)
+    s = (qt @ kt.transpose(-1, -2)) * scale
+    lq, lk = q.shape[1], k.shape[1]
+    if causal:
+        i = torch.arange(lq, device=q.device)[:, None]
+        j = torch.arange(lk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (lk - lq), float("-inf"))
+    lse = torch.logsumexp(s.double(), dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no visible key: p = 0
+    return (p @ vt).transpose(1, 2), lse
+
+
+def attention_ref_rows_torch(q, k, v, rows, causal, scale, key_chunk=8192):
+    """float64 reference for selected query rows only, streamed over key chunks (torch, q's device).
+
+    For tensors too large for a full float64 reference: `rows` are absolute query indices
+    (a LongTensor or list) into q's seqlen_q; the causal mask uses them, so the result is
+    exactly rows `rows` of the full reference. Memory is O(B * H * len(rows) * key_chunk).
+    Returns (out, lse): float64 (B, len(rows), H, D) and (B, H, len(rows)).
+    """
+    import torch
+
+    dev = q.device
+    rows = torch.as_tensor(rows, device=dev, dtype=torch.long)
+    b, lq, h, d = q.shape
+    lk, hkv = k.shape[1], k.shape[2]
+    group = h // hkv
+    qr = q.index_select(1, rows).to(torch.float64).transpose(1, 2)  # (B, H, R, D)
+    m = torch.full((b, h, rows.numel()), float("-inf"), dtype=torch.float64, device=dev)
+    l = torch.zeros_like(m)
+    acc = torch.zeros((b, h, rows.numel(), d), dtype=torch.float64, device=dev)
+    for j0 in range(0, lk, key_chunk):
+        j1 = min(lk, j0 + key_chunk)
+        kc = k[:, j0:j1].to(torch.float64).repeat_interleave(group, dim=2).transpose(1, 2)  # (B, H, C, D)
+        vc = v[:, j0:j1].to(torch.float64).repeat_interleave(group, dim=2).transpose(1, 2)
+        s = (qr @ kc.transpose(-1, -2)) * scale  # (B, H, R, C)
+        if causal:
+            keys = torch.arange(j0, j1, device=dev)[None, :]
+            s = s.masked_fill(keys > rows[:, None] + (lk - lq), float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        m_ref = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp(m - m_ref)
+        p = torch.exp(s - m_ref[..., None])
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + p @ vc
+        m = m_new
+    seen = l > 0
+    out = torch.where(seen[..., None], acc / torch.where(seen, l, torch.ones_like(l))[..., None], torch.zeros_like(acc))
+    lse = torch.where(seen, torch.log(torch.where(seen, l, torch.ones_like(l))) + m, torch.full_like(m, float("-inf")))
+    return out.transpose(1, 2), lse
+
+
+def rounding_error_bound(q, k, v, causal=False, softmax_scale=None, u_scores=2.0**-24, u_store=2.0**-24,
+                         return_score_scale=False):
+    # Storage types with a narrow exponent range (fp16) round tiny P and O values with an absolute
+    # error of half the subnormal spacing rather than a relative one.
+    """Elementwise bound (B, Lq, H, D) on |out - exact| for a correct float kernel (NumPy or torch).
+
+    First-order forward error analysis of softmax(scale q k^T) v, worst case (Higham's gamma_n):
+      * a score q.k summed in a precision of unit roundoff u_scores has |error| <= (d + 4) u_scores S_i,
+        S_i = max_j scale * sum_d |q_id k_jd| over the keys row i sees (plus the rounding of the scale);
+      * a score error moves out_i by at most max_j|ds_ij| * W_id, W_id = sum_j p_ij |v_jd - out_id|;
+      * summing P V and the row sum over Lk keys adds at most (Lk + 4) u_scores M_id, and rounding P and
+        O to storage (unit roundoff u_store) at most 4 u_store M_id (a factor 2 over once each),
+        M_id = sum_j p_ij |v_jd| + |out_id|; for fp16 storage (u_store = 2^-11), P and O values below the
+        smallest normal round with an absolute error up to 2^-25: (Lk + 1) 2^-25 max_j |v_jd| more.
+    Near-ties (large W) get a large bound, one-hot rows a tight one; a wrong, overflowed or misread
+    result is far outside it. Works on float64 copies of NumPy arrays or torch tensors (on their device).
+    With return_score_scale, also returns S (B, H, Lq), which bounds LSE errors the same way.
+    """
+    is_np = isinstance(q, np.ndarray)
+    if is_np:
+        xp_abs, f64 = np.abs, (lambda x: np.asarray(x, np.float64))
+    else:
+        import torch
+
+        xp_abs, f64 = torch.abs, (lambda x: x.to(torch.float64))
+    q, k, v = f64(q), f64(k), f64(v)
+    b, lq, h, d = q.shape
+    lk, hkv = k.shape[1], k.shape[2]
+    group = h // hkv if hkv else 1
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    bound = np.zeros((b, lq, h, d)) if is_np else q.new_zeros((b, lq, h, d))
+    score_scale = np.zeros((b, h, lq)) if is_np else q.new_zeros((b, h, lq))
+    if lk == 0 or lq == 0:
+        return (bound, score_scale) if return_score_scale else bound
+    mask = causal_mask(lq, lk) if causal else np.ones((lq, lk), dtype=bool)
+    if not is_np:
+        import torch
+
+        mask = torch.as_tensor(mask, device=q.device)
+    for bi in range(b):
+        for hi in range(h):
+            qh, kh, vh = q[bi, :, hi], k[bi, :, hi // group], v[bi, :, hi // group]  # (Lq, D), (Lk, D)
+            s = (qh @ kh.T) * softmax_scale
+            a = (xp_abs(qh) @ xp_abs(kh).T) * abs(softmax_scale)
+            if is_np:
+                s = np.where(mask, s, -np.inf)
+                s_i = np.where(mask, a, 0).max(-1)
+                m = s.max(-1, keepdims=True)
+                m = np.where(np.isfinite(m), m, 0)
+                p = np.where(mask, np.exp(s - m), 0)
+                den = p.sum(-1, keepdims=True)
+                p = p / np.where(den > 0, den, 1)
+                out = p @ vh
+                w = np.einsum("qk,qkd->qd", p, np.abs(vh[None, :, :] - out[:, None, :]))
+            else:
+                s = s.masked_fill(~mask, float("-inf"))
+                s_i = a.masked_fill(~mask, 0).amax(-1)
+                m = s.amax(-1, keepdim=True)
+                m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+                p = torch.exp(s - m).masked_fill(~mask, 0)
+                den = p.sum(-1, keepdim=True)
+                p = p / torch.where(den > 0, den, torch.ones_like(den))
+                out = p @ vh
+                w = torch.einsum("qk,qkd->qd", p, (vh[None, :, :] - out[:, None, :]).abs())
+            big_m = p @ xp_abs(vh) + xp_abs(out)
+            bound[bi, :, hi] = (d + 4) * u_scores * s_i[:, None] * w + ((lk + 4) * u_scores + 4 * u_store) * big_m
+            if u_store == 2.0**-11:  # fp16 subnormals
+                bound[bi, :, hi] += (lk + 1) * 2.0**-25 * (np.abs(vh).max(0) if is_np else vh.abs().amax(0))[None, :]
+            score_scale[bi, hi] = s_i
+    return (bound, score_scale) if return_score_scale else bound

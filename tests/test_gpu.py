@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import waveboost
+from reference import attention_ref_torch as reference
 
 torch = pytest.importorskip("torch", reason="the GPU tests drive the kernels through PyTorch")
 
@@ -24,33 +25,17 @@ PATH_DTYPES = {
     "naive": ["fp16", "bf16", "fp32"],
     "simt": ["fp16", "bf16", "fp32"],
     "wmma": ["fp16", "bf16"],
-    "mma": ["fp16", "bf16"],
+    "mma": ["fp16", "bf16", "fp32"],
+    "wgmma": ["fp16", "bf16"],
 }
 CUDA_PATHS = list(PATH_DTYPES)
-FLASH_HALF_PATHS = ["wmma", "mma"]
+HALF_ONLY_PATHS = ["wmma", "wgmma"]
 HEAD_DIMS = [64, 128]
 GROUPS = [1, 2, 8]  # heads // heads_kv
 HEADS = 8
 # (seqlen_q, seqlen_k): awkward lengths, both equal and unequal in both directions.
 LENGTHS = [(1, 1), (7, 7), (97, 97), (257, 257), (1025, 1025), (4097, 4097), (97, 257), (257, 97), (1, 1025),
            (1025, 7)]
-
-
-def reference(q, k, v, causal, scale, dtype=torch.float64):
-    """softmax(scale q k^T) v in `dtype` on the GPU; BSHD in and out; lse (B, H, Lq)."""
-    group = q.shape[2] // k.shape[2]
-    qt = q.to(dtype).transpose(1, 2)
-    kt = k.to(dtype).repeat_interleave(group, dim=2).transpose(1, 2)
-    vt = v.to(dtype).repeat_interleave(group, dim=2).transpose(1, 2)
-    s = (qt @ kt.transpose(-1, -2)) * scale
-    lq, lk = q.shape[1], k.shape[1]
-    if causal:
-        i = torch.arange(lq, device=q.device)[:, None]
-        j = torch.arange(lk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + (lk - lq), float("-inf"))
-    lse = torch.logsumexp(s.double(), dim=-1)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no visible key: p = 0
-    return (p @ vt).transpose(1, 2), lse
 
 
 def random_qkv(b, lq, lk, h, hkv, d, dtype, device="cuda"):
@@ -123,22 +108,22 @@ def test_naive_any_head_dim(d, dname):
 
 
 @pytest.mark.parametrize("d", [32, 96, 256])
-@pytest.mark.parametrize("path", ["simt", "wmma", "mma"])
+@pytest.mark.parametrize("path", ["simt", "wmma", "mma", "wgmma"])
 def test_flash_paths_refuse_other_head_dims(path, d):
     q, k, v = random_qkv(1, 8, 8, 2, 2, d, torch.float16)
     with pytest.raises(ValueError, match=rf"backend '{path}' supports head_dim 64 and 128; got {d}"):
         waveboost.attention(q, k, v, backend=path)
 
 
-@pytest.mark.parametrize("path", FLASH_HALF_PATHS)
-def test_tensor_core_paths_refuse_fp32(path):
+@pytest.mark.parametrize("path", HALF_ONLY_PATHS)
+def test_half_only_paths_refuse_fp32(path):
     q, k, v = random_qkv(1, 8, 8, 2, 2, 64, torch.float32)
     with pytest.raises(ValueError, match=rf"backend '{path}' supports float16 and bfloat16; got float32"):
         waveboost.attention(q, k, v, backend=path)
 
 
 @pytest.mark.parametrize(
-    "dname,d,expected", [("fp16", 64, "mma"), ("bf16", 128, "mma"), ("fp32", 128, "simt"), ("fp16", 80, "naive")]
+    "dname,d,expected", [("fp16", 64, "mma"), ("bf16", 128, "mma"), ("fp32", 128, "mma"), ("fp16", 80, "naive")]
 )
 def test_auto_rule(dname, d, expected):
     q, k, v = random_qkv(1, 8, 8, 2, 2, d, DTYPES[dname])
@@ -172,8 +157,8 @@ def test_unaligned_and_odd_strides(path):
     base_v = torch.randn(1, lk, 2, d + 1, device="cuda", dtype=torch.float16)
     q, k, v = base_q[..., 1:], base_k[..., 1:], base_v[..., 1:]
     out = torch.full((1, lq, 2, d), float("nan"), device="cuda", dtype=torch.float16)
-    if path == "mma":  # cp.async-only path: refuses clearly, and "auto" falls back to another path
-        with pytest.raises(ValueError, match=r"backend 'mma' needs 16-byte aligned"):
+    if path in ("mma", "wgmma"):  # cp.async-only paths: refuse clearly, and "auto" falls back
+        with pytest.raises(ValueError, match=rf"backend '{path}' needs 16-byte aligned"):
             waveboost.attention(q, k, v, causal=True, out=out, backend=path)
         path = waveboost.resolve_backend(q, k, v, causal=True)
         assert path == "wmma"

@@ -407,11 +407,12 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
   }
 
   // out = O / l; lse = ln(sum_j e^(scale * q.k_j)) = (m + log2(l)) * ln(2).
-  // A row whose scores were all -inf or NaN in the data has l = 0 or NaN and
-  // ends NaN, as a plain softmax would; only rows that see no key are zeroed.
+  // A row that sees no key, or whose visible scores are all -inf in the data,
+  // has l = 0: zeros and LSE -inf, as on every CUDA path and in the reference
+  // (tests/reference.py). A NaN (or +inf) score makes l NaN: out and LSE NaN.
   for (int64_t i = 0; i < rows; ++i) {
     T* out_row = out + i * params.o_row_stride;
-    const bool sees_no_key = visible_keys(params, block.row_begin + i) == 0;
+    const bool sees_no_key = visible_keys(params, block.row_begin + i) == 0 || l[i] == T(0);
     const T inv_l = sees_no_key ? T(0) : T(1) / l[i];
     for (int64_t d = 0; d < head_dim; ++d) out_row[d] = o[i * dim_padded + d] * inv_l;
     if (params.lse != nullptr) {

@@ -64,6 +64,10 @@ Status simt_can_implement(const AttentionParams& params) {
                                   std::to_string(cc % 10));
     }
   }
+  // kBlockM is 64 in every instantiation.
+  if (Status s = flash_simt_grid_check(params, FlashSimtTraits<float, 64>::kBlockM); !s.ok()) return s;
+  static_assert(FlashSimtTraits<float, 64>::kBlockM == FlashSimtTraits<__half, 128>::kBlockM &&
+                FlashSimtTraits<float, 128>::kBlockM == FlashSimtTraits<__nv_bfloat16, 64>::kBlockM);
   int smem_optin = 0;
   const cudaError_t err =
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, params.device_id);

@@ -37,10 +37,7 @@ Status wmma_can_implement(const AttentionParams& p) {
                                 " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
                                 "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
   }
-  if (!flash_wmma_grid(p).fits()) {
-    return Status::NotSupported("backend 'wmma': seqlen_q " + std::to_string(p.seqlen_q) + " with batch*heads " +
-                                std::to_string(p.batch * p.heads) + " exceeds the CUDA grid limits");
-  }
+  if (!flash_wmma_grid(p).fits()) return flash_wmma_grid_error(p);
   return Status::Ok();
 }
 

@@ -18,6 +18,25 @@ Status naive_can_implement(const AttentionParams& params) {
   if (params.head_dim < 1 || params.head_dim > 256) {
     return Status::NotSupported("backend 'naive' supports head_dim 1..256; got " + std::to_string(params.head_dim));
   }
+  // The workspace holds batch * heads * seqlen_q * seqlen_k floats. With broadcast (stride-0)
+  // inputs that product can pass 2^63 and wrap to a small allocation the kernels would
+  // overrun, so it is checked by division (2^62 bytes is far beyond any device anyway).
+  {
+    constexpr int64_t kMaxWorkspaceFloats = (int64_t{1} << 62) / int64_t{sizeof(float)};
+    int64_t floats = 1;
+    bool too_big = false;
+    for (int64_t factor : {params.batch, params.heads, params.seqlen_q, params.seqlen_k}) {
+      if (factor == 0) { floats = 0; too_big = false; break; }
+      if (floats > kMaxWorkspaceFloats / factor) too_big = true;
+      else floats *= factor;
+    }
+    if (too_big) {
+      return Status::NotSupported("backend 'naive' materializes batch * heads * seqlen_q * seqlen_k float32 scores; "
+                                  "got " + std::to_string(params.batch) + " * " + std::to_string(params.heads) +
+                                  " * " + std::to_string(params.seqlen_q) + " * " + std::to_string(params.seqlen_k) +
+                                  ", more than 2^62 bytes");
+    }
+  }
   if (params.dtype == DType::kBFloat16) {
     int cc = 0;
     const Status status = compute_capability(params.device_id, &cc);

@@ -7,8 +7,10 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -126,6 +128,33 @@ void check_no_overlap(const InputTensor& out, const char* out_name, const InputT
     value_error(std::string(out_name) + " overlaps the memory of " + name + "; outputs must not alias inputs");
 }
 
+// Kernels write every element of `out` once, from one thread. An `out` whose
+// elements share memory (a zero stride, e.g. an expand()ed or broadcast view,
+// or strides that make rows or heads overlap) would have several threads race
+// on one address. Sufficient test: sorted by stride, each dimension must step
+// past everything the smaller-stride dimensions span. (It refuses only exotic
+// interleavings that happen not to overlap; ordinary layouts pass.)
+void check_no_internal_overlap(const InputTensor& t, const char* name) {
+  if (t.size() == 0) return;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, extent) of dimensions of extent > 1
+  for (size_t i = 0; i < t.ndim(); ++i)
+    if (t.shape(i) > 1) dims.emplace_back(std::abs(static_cast<int64_t>(t.stride(i))), static_cast<int64_t>(t.shape(i)));
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 0;  // elements spanned by the dimensions so far, minus one
+  for (auto [stride, extent] : dims) {
+    if (stride <= span) {
+      std::ostringstream os;
+      os << name << " has overlapping elements (shape (";
+      for (size_t i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.shape(i);
+      os << "), strides (";
+      for (size_t i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.stride(i);
+      os << ")); outputs must not overlap themselves (e.g. no expand()ed or broadcast views)";
+      value_error(os.str());
+    }
+    span += stride * (extent - 1);
+  }
+}
+
 void raise_status(const Status& s) {
   switch (s.code()) {
     case StatusCode::kOk: return;
@@ -192,8 +221,10 @@ AttentionParams make_params(const InputTensor& q, const InputTensor& k, const In
     check_dim(out, "out", d, names[d], static_cast<int64_t>(q.shape(d)), (std::string("q's ") + names[d]).c_str());
   }
   for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}}) check_unit_last_stride(*t, name);
-  if (out_ptr)
+  if (out_ptr) {
+    check_no_internal_overlap(out, "out");
     for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_no_overlap(out, "out", *t, name);
+  }
 
   AttentionParams p;
   p.q = q.data();

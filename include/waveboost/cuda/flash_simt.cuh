@@ -445,6 +445,8 @@ __global__ void __launch_bounds__(FlashSimtTraits<Element, kHeadDim>::kThreads,
 
   // Epilogue: O = acc_o / row_sum, LSE = ln(2) * (row_max + log2(row_sum)).
   // A row that saw no key has row_sum 0 and acc_o 0: zeros and LSE = -inf.
+  // A NaN (or +inf) score makes row_sum NaN: the tests are `== 0`, not `> 0`,
+  // so that NaN reaches O and the LSE instead of reading as "no key".
   constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
@@ -453,7 +455,7 @@ __global__ void __launch_bounds__(FlashSimtTraits<Element, kHeadDim>::kThreads,
     for (int offset = 1; offset < kColGroups; offset *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     const int64_t row = m0 + row_base + kRowGroups * i;
     if (row >= p.seqlen_q) continue;
-    const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv_sum = sum == 0.0f ? 0.0f : 1.0f / sum;
     Element* out_row = out + row * p.o_row_stride;
 #pragma unroll
     for (int c = 0; c < kDimGroups; ++c) {
@@ -463,9 +465,25 @@ __global__ void __launch_bounds__(FlashSimtTraits<Element, kHeadDim>::kThreads,
     }
     if (p.lse != nullptr && tx == 0) {
       p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row] =
-          sum > 0.0f ? (row_max[i] + log2f(sum)) * kLn2 : -INFINITY;
+          sum == 0.0f ? -INFINITY : (row_max[i] + log2f(sum)) * kLn2;
     }
   }
+}
+
+/// \brief Refuses params whose grid (batch * heads * ceil(seqlen_q / block_m) blocks, all in
+/// x) would pass 2^31 - 1 blocks, stating the limit. Checked by simt_can_implement too, so
+/// resolve_backend and "auto" see it before a launch.
+inline Status flash_simt_grid_check(const AttentionParams& p, int64_t block_m) {
+  constexpr int64_t kMaxGridX = 2147483647;
+  const int64_t num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
+  const int64_t bh = p.batch * p.heads;
+  // Compared by division: the product itself could pass 2^63 for stride-0 (broadcast) inputs.
+  if (num_m_blocks > 0 && bh > kMaxGridX / num_m_blocks) {
+    return Status::NotSupported("backend 'simt' launches batch * heads * ceil(seqlen_q / " + std::to_string(block_m) +
+                                ") blocks in grid x, at most " + std::to_string(kMaxGridX) + "; got batch * heads " +
+                                std::to_string(bh) + " and seqlen_q " + std::to_string(p.seqlen_q));
+  }
+  return Status::Ok();
 }
 
 /// \brief Launches flash_simt_kernel on `stream`; the device must already be current.
@@ -486,14 +504,8 @@ Status launch_flash_simt(const AttentionParams& p, cudaStream_t stream) {
                                 std::to_string(smem_optin));
   }
 
-  const int64_t num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  const int64_t num_blocks = num_m_blocks * p.batch * p.heads;
-  constexpr int64_t kMaxGridX = 2147483647;
-  if (num_blocks > kMaxGridX) {
-    return Status::NotSupported("backend 'simt' needs " + std::to_string(num_blocks) +
-                                " blocks (batch * heads * ceil(seqlen_q / " + std::to_string(Traits::kBlockM) +
-                                ")); the grid allows " + std::to_string(kMaxGridX));
-  }
+  if (Status s = flash_simt_grid_check(p, Traits::kBlockM); !s.ok()) return s;
+  const int64_t num_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * p.batch * p.heads;
 
   const auto kernel = flash_simt_kernel<Element, kHeadDim>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.

@@ -552,8 +552,10 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
     __syncwarp();  // P and row_scale are read before the next tile overwrites them
   }
 
-  // O /= row sum; a row that saw no key has sum 0 and O 0, and stays 0.
-  row_scale[lane] = running_sum > 0.f ? 1.f / running_sum : 0.f;
+  // O /= row sum; a row that saw no key has sum 0 and O 0, and stays 0. A NaN (or +inf)
+  // score makes the sum NaN: `== 0`, not `> 0`, so that NaN reaches O and the LSE
+  // instead of reading as "no key" (LSE -inf).
+  row_scale[lane] = running_sum == 0.f ? 0.f : 1.f / running_sum;
   __syncwarp();
   rescale<Traits>(o, row_scale, row_map);
 
@@ -561,7 +563,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   if (p.lse != nullptr && lane_row < p.seqlen_q) {
     constexpr float kLn2 = 0.6931471805599453f;
     p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + lane_row] =
-        running_sum > 0.f ? (running_max + log2f(running_sum)) * kLn2 : -INFINITY;
+        running_sum == 0.f ? -INFINITY : (running_max + log2f(running_sum)) * kLn2;
   }
   Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride + warp_m0 * p.o_row_stride;
   store_output<Traits>(o, scratch, lane, out, p.o_row_stride, p.seqlen_q - warp_m0, vectorized);
@@ -610,6 +612,14 @@ struct FlashWmmaGrid {
   bool fits() const { return x <= INT32_MAX && y <= 65535 && z <= 65535; }
 };
 
+// The refusal when flash_wmma_grid(p) does not fit, stating the limits.
+inline Status flash_wmma_grid_error(const AttentionParams& p) {
+  return Status::NotSupported(
+      "backend 'wmma' supports batch * heads up to 4294836225 (65535 x 65535 blocks in grid y and z) and "
+      "ceil(seqlen_q / 128) up to 2147483647 (grid x); got batch * heads " +
+      std::to_string(p.batch * p.heads) + " and seqlen_q " + std::to_string(p.seqlen_q));
+}
+
 inline FlashWmmaGrid flash_wmma_grid(const AttentionParams& p) {
   constexpr int64_t kMaxGridYZ = 65535;
   constexpr int64_t kBlockM = FlashWmmaTraits<__half, 64, 64>::kBlockM;  // the same in every configuration
@@ -626,10 +636,7 @@ Status launch_flash_wmma_tiles(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashWmmaTraits<Element, kHeadDim, kBlockN>;
   static_assert(Traits::kBlockM == FlashWmmaTraits<__half, 64, 64>::kBlockM);
   const FlashWmmaGrid g = flash_wmma_grid(p);
-  if (!g.fits()) {
-    return Status::NotSupported("backend 'wmma': seqlen_q " + std::to_string(p.seqlen_q) + " with batch*heads " +
-                                std::to_string(p.batch * p.heads) + " exceeds the CUDA grid limits");
-  }
+  if (!g.fits()) return flash_wmma_grid_error(p);
   const auto kernel = flash_wmma_kernel<Element, kHeadDim, kBlockN>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));

@@ -22,6 +22,11 @@ constexpr int64_t kMaxGridX = 2147483647;
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// max that propagates NaN from either side. fmaxf drops NaN, so a row of NaN
+// scores would look like a row with no visible key (zeros, LSE -inf): a
+// plausible wrong answer where the input was NaN.
+__device__ __forceinline__ float max_keep_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+
 // Which (batch, head) a flat batch * heads index is, and its kv head (GQA).
 struct HeadIndex {
   int64_t batch, head, head_kv;
@@ -88,7 +93,8 @@ __global__ void naive_scores_kernel(const __grid_constant__ AttentionParams p, f
 
 /// \brief Row softmax of the scores in place (they become probs) and the row's
 /// natural-log LSE. One warp per row. A row with no visible key (all -inf, or
-/// seqlen_k == 0) gets probs 0 and LSE -inf.
+/// seqlen_k == 0) gets probs 0 and LSE -inf; a row with a NaN score gets NaN
+/// probs and LSE NaN (the max propagates NaN).
 static __global__ void naive_softmax_kernel(const __grid_constant__ AttentionParams p, float* scores) {
   using namespace naive_detail;
   const int lane = threadIdx.x % 32;
@@ -99,28 +105,31 @@ static __global__ void naive_softmax_kernel(const __grid_constant__ AttentionPar
     float* row_scores = scores + row * p.seqlen_k;
 
     float row_max = -INFINITY;
-    for (int64_t j = lane; j < p.seqlen_k; j += 32) row_max = fmaxf(row_max, row_scores[j]);
+    for (int64_t j = lane; j < p.seqlen_k; j += 32) row_max = max_keep_nan(row_max, row_scores[j]);
     for (int offset = 16; offset > 0; offset /= 2) {
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, offset));
+      row_max = max_keep_nan(row_max, __shfl_xor_sync(0xffffffffu, row_max, offset));
     }
 
+    // Only a row whose every score is -inf is empty. Otherwise row_sum >= 1
+    // (its max term is exp(0)), or NaN when a score is NaN (or +inf): that NaN
+    // must reach the probs and the LSE, never be read as "no key".
+    const bool empty = row_max == -INFINITY;
     float row_sum = 0.0f;
-    if (row_max != -INFINITY) {
+    if (!empty) {
       for (int64_t j = lane; j < p.seqlen_k; j += 32) row_sum += expf(row_scores[j] - row_max);
       for (int offset = 16; offset > 0; offset /= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, offset);
     }
 
-    // row_sum >= 1 whenever some key is visible (its max term is exp(0)).
-    const float inv_sum = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+    const float inv_sum = empty ? 0.0f : 1.0f / row_sum;
     for (int64_t j = lane; j < p.seqlen_k; j += 32) {
-      row_scores[j] = row_sum > 0.0f ? expf(row_scores[j] - row_max) * inv_sum : 0.0f;
+      row_scores[j] = empty ? 0.0f : expf(row_scores[j] - row_max) * inv_sum;
     }
 
     if (p.lse != nullptr && lane == 0) {
       const int64_t bh = row / p.seqlen_q;
       const int64_t i = row % p.seqlen_q;
       p.lse[bh / p.heads * p.lse_batch_stride + bh % p.heads * p.lse_head_stride + i] =
-          row_sum > 0.0f ? row_max + logf(row_sum) : -INFINITY;
+          empty ? -INFINITY : row_max + logf(row_sum);
     }
   }
 }

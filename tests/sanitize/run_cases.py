@@ -1,0 +1,95 @@
+"""A small, representative set of waveboost calls for compute-sanitizer (tests/sanitize/run_sanitizer.sh).
+
+Every CUDA path (naive, simt, wmma, mma) with each dtype it supports, head dims 64 and 128 (and a
+non-specialized one on naive), causal and not, sequence tails on both sides, GQA/MQA, rows that see no
+key, seqlen_k = 0, BHSD storage seen through transposes, and unaligned views (data pointer not 16-byte
+aligned, odd strides) on the paths that take them. Shapes are tiny so racecheck and initcheck finish.
+
+Outputs come from torch.empty (uninitialized) and are read afterwards, so an element a kernel fails to
+write shows up as an initcheck error; the script also fails on a NaN in out or lse (inputs are finite).
+It checks no numerics beyond that: tests/ does. Exit status 0 and a last line "run_cases: N calls OK".
+
+    python tests/sanitize/run_cases.py [--list]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import waveboost
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+PATH_DTYPES = {"naive": ["fp16", "bf16", "fp32"], "simt": ["fp16", "bf16", "fp32"], "wmma": ["fp16", "bf16"],
+               "mma": ["fp16", "bf16"]}
+# (batch, seqlen_q, seqlen_k, heads, heads_kv): tails everywhere; B has seqlen_q > seqlen_k, so causal
+# leaves rows 0..60 with no visible key.
+SHAPE_A = (2, 97, 131, 4, 2)
+SHAPE_B = (1, 131, 70, 4, 1)
+
+
+def cases():
+    """(name, path, dtype name, shape, head_dim, causal, layout)."""
+    out = []
+    for path, dnames in PATH_DTYPES.items():
+        for dname in dnames:
+            for d, causal, shape in ((64, True, SHAPE_A), (64, False, SHAPE_B), (128, True, SHAPE_B),
+                                     (128, False, SHAPE_A)):
+                out.append((path, dname, shape, d, causal, "contiguous"))
+    out.append(("naive", "fp16", SHAPE_A, 80, True, "contiguous"))
+    for path in PATH_DTYPES:
+        out.append((path, "fp16", SHAPE_A, 128, True, "bhsd"))
+        out.append((path, "bf16", (2, 33, 0, 4, 2), 64, False, "contiguous"))  # seqlen_k = 0
+        out.append((path, "fp16", (1, 150, 150, 8, 1), 64, True, "contiguous"))  # MQA, 8 query heads
+        out.append((path, "fp16", SHAPE_B, 64, True, "unaligned"))
+    return out
+
+
+def make(shape, dtype, layout, g):
+    b, l, h, d = shape
+    if layout == "bhsd":
+        return torch.randn(b, h, l, d, generator=g, device="cuda").to(dtype).transpose(1, 2)
+    if layout == "unaligned":  # skip the first element of every row: pointer + 2 bytes, row stride d + 1
+        return torch.randn(b, l, h, d + 1, generator=g, device="cuda").to(dtype)[..., 1:]
+    return torch.randn(b, l, h, d, generator=g, device="cuda").to(dtype)
+
+
+def run(case, g):
+    path, dname, (b, lq, lk, h, hkv), d, causal, layout = case
+    dtype = DTYPES[dname]
+    q = make((b, lq, h, d), dtype, layout, g)
+    k = make((b, lk, hkv, d), dtype, layout, g)
+    v = make((b, lk, hkv, d), dtype, layout, g)
+    out = torch.empty(b, lq, h, d, device="cuda", dtype=dtype)
+    if layout == "unaligned" and path == "mma":  # the documented refusal: nothing is launched
+        try:
+            waveboost.attention(q, k, v, causal=causal, out=out, backend=path)
+        except ValueError as e:
+            assert "16-byte aligned" in str(e), e
+            return 0
+        raise AssertionError("mma accepted unaligned data")
+    _, lse = waveboost.attention(q, k, v, causal=causal, out=out, return_lse=True, backend=path)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any().item(), f"NaN in out: {case}"
+    assert not torch.isnan(lse).any().item(), f"NaN in lse: {case}"
+    return 1
+
+
+def main():
+    all_cases = cases()
+    if "--list" in sys.argv:
+        for c in all_cases:
+            print(c)
+        return
+    info = waveboost.info()
+    print(f"waveboost {info['version']} on {info['gpu']} (archs {info['cuda_architectures']})", flush=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    launched = 0
+    for case in all_cases:
+        launched += run(case, g)
+    print(f"run_cases: {len(all_cases)} calls OK ({launched} launched, {len(all_cases) - launched} refused as documented)")
+
+
+if __name__ == "__main__":
+    main()

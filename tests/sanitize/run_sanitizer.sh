@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs compute-sanitizer's memcheck, racecheck, initcheck and synccheck over tests/sanitize/run_cases.py
+# and writes a summary with each tool's "ERROR SUMMARY" line (commit it: zero errors is the guarantee).
+#
+#   tests/sanitize/run_sanitizer.sh [SUMMARY_FILE]      (default tests/sanitize/SUMMARY.txt)
+#
+# Needs a CUDA build of waveboost installed (CUDAARCHS=90 pip install --no-build-isolation .), PyTorch
+# with CUDA, and compute-sanitizer (on PATH, or $COMPUTE_SANITIZER, or /usr/local/cuda/bin). Full logs go
+# to $LOG_DIR (default tests/sanitize/logs, not meant to be committed). $SANITIZER_EXTRA adds options
+# to every tool. PyTorch's caching allocator is turned off so that every tensor is its own allocation
+# and memcheck sees an access past a tensor's end. Exit status: 0 only if every tool reports 0 errors
+# and run_cases.py completed under each.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+SANITIZER=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+SUMMARY=${1:-tests/sanitize/SUMMARY.txt}
+LOG_DIR=${LOG_DIR:-tests/sanitize/logs}
+PYTHON=${PYTHON:-python}
+mkdir -p "$LOG_DIR" "$(dirname "$SUMMARY")"
+export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+
+if [ ! -x "$SANITIZER" ]; then
+  echo "compute-sanitizer not found (set COMPUTE_SANITIZER)" >&2
+  exit 2
+fi
+
+{
+  echo "# compute-sanitizer over tests/sanitize/run_cases.py"
+  echo "date:       $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit:     $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+  echo "device:     $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  echo "sanitizer:  $("$SANITIZER" --version 2>/dev/null | grep -i version | head -1)"
+  echo "cases:      $("$PYTHON" tests/sanitize/run_cases.py --list | wc -l) calls (every path x dtype, head_dim 64/128, causal/not, tails, GQA/MQA, empty rows, seqlen_k 0, BHSD views, unaligned views)"
+  echo "command:    tests/sanitize/run_sanitizer.sh $*"
+  echo
+} > "$SUMMARY"
+
+status=0
+for tool in memcheck racecheck initcheck synccheck; do
+  log="$LOG_DIR/$tool.log"
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  "$SANITIZER" --tool "$tool" --print-limit 50 --log-file "$log" ${SANITIZER_EXTRA:-} \
+      "$PYTHON" tests/sanitize/run_cases.py > "$LOG_DIR/$tool.stdout" 2>&1
+  rc=$?
+  secs=$(( $(date +%s) - start ))
+  summary_line=$(grep -h "ERROR SUMMARY" "$log" | tail -1)
+  race_line=$(grep -h "RACECHECK SUMMARY" "$log" | tail -1)
+  cases_line=$(grep -h "^run_cases:" "$LOG_DIR/$tool.stdout" | tail -1)
+  [ -z "$summary_line" ] && summary_line="ERROR SUMMARY: missing (see $log)"
+  [ -z "$cases_line" ] && cases_line="run_cases.py did not complete (see $LOG_DIR/$tool.stdout)"
+  printf '%-10s %s  [exit %s, %ss]\n' "$tool:" "$summary_line" "$rc" "$secs" >> "$SUMMARY"
+  [ -n "$race_line" ] && printf '%-10s %s\n' "" "$race_line" >> "$SUMMARY"
+  printf '%-10s %s\n' "" "$cases_line" >> "$SUMMARY"
+  if [ "$rc" -ne 0 ] || ! echo "$summary_line" | grep -q "ERROR SUMMARY: 0 errors" || ! echo "$cases_line" | grep -q "calls OK"; then
+    status=1
+  fi
+done
+echo >> "$SUMMARY"
+[ "$status" -eq 0 ] && echo "result: all four tools report 0 errors" >> "$SUMMARY" || echo "result: FAILED (see $LOG_DIR)" >> "$SUMMARY"
+cat "$SUMMARY"
+exit $status
