@@ -123,10 +123,14 @@ def test_half_only_paths_refuse_fp32(path):
 
 
 @pytest.mark.parametrize(
-    "dname,d,expected", [("fp16", 64, "mma"), ("bf16", 128, "mma"), ("fp32", 128, "mma"), ("fp16", 80, "naive")]
+    "dname,d,lk,expected",
+    [("fp16", 64, 8, "mma"), ("fp16", 64, 4096, "wgmma"), ("bf16", 128, 8, "wgmma"), ("fp32", 128, 8, "mma"),
+     ("fp16", 80, 8, "naive")],
 )
-def test_auto_rule(dname, d, expected):
-    q, k, v = random_qkv(1, 8, 8, 2, 2, d, DTYPES[dname])
+def test_auto_rule(dname, d, lk, expected):
+    if expected == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        expected = "mma"  # wgmma runs on compute capability 9.0 only
+    q, k, v = random_qkv(1, 8, lk, 2, 2, d, DTYPES[dname])
     assert waveboost.resolve_backend(q, k, v) == expected
     out = waveboost.attention(q, k, v)
     torch.testing.assert_close(out, waveboost.attention(q, k, v, backend=expected), rtol=0, atol=0)
