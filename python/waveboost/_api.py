@@ -70,7 +70,8 @@ def _cupy_adapter() -> _Adapter:
 
 
 def _jax_adapter() -> _Adapter:
-    # Eager JAX through DLPack: inputs are made ready, the kernel runs on the
+    # The fallback for JAX (builds without the XLA FFI handlers, or out= given):
+    # eager only, through DLPack. Inputs are made ready, the kernel runs on the
     # legacy default stream, and that stream is synchronized before the output
     # buffer is handed back to XLA (which knows nothing of our stream).
     import jax.numpy as jnp
@@ -121,7 +122,7 @@ def attention(
     out: Any = None,
     return_lse: bool = False,
     backend: str = "auto",
-):
+) -> Any:
     """Exact scaled dot-product attention, forward.
 
     Args:
@@ -155,6 +156,14 @@ def attention(
         other = _adapter_for(t, name)
         if other.name != adapter.name:
             raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
+    if adapter.name == "jax":
+        from . import jax as waveboost_jax
+
+        if out is None and waveboost_jax.ffi_available():
+            # XLA's own route: outputs from XLA, kernel on XLA's stream, no sync; works under jit too.
+            return waveboost_jax.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                           return_lse=return_lse, backend=backend)
+        waveboost_jax._check_dlpack_fallback((q, k, v, out), out is not None)
     shape = _check_shape(q, "q")
     if out is not None and getattr(getattr(out, "flags", None), "writeable", True) is False:
         raise ValueError("out must be writeable; got a read-only array")

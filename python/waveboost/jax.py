@@ -1,0 +1,156 @@
+"""JAX integration: waveboost attention as an XLA FFI custom call.
+
+``waveboost.jax.attention`` lowers to a custom call whose handlers (src/python/jax_ffi.cpp) live
+in waveboost's compiled module. XLA allocates the outputs and runs the kernel on its own stream,
+so the call works under ``jax.jit`` and ``jax.vmap`` and eagerly alike, with no synchronization.
+``waveboost.attention`` sends JAX arrays here too when the handlers are present.
+
+The handlers exist only when waveboost was built where jaxlib's FFI headers could be found
+(``pip install --no-build-isolation .`` with jax installed); ``ffi_available()`` says whether they
+are. Without them, ``waveboost.jax.attention`` raises ``RuntimeError`` and ``waveboost.attention``
+still takes JAX arrays eagerly through DLPack (outside ``jit``, synchronizing its own stream).
+
+Forward only: the custom call has no JVP or transpose, so ``jax.grad`` through it raises.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _waveboost
+from ._api import BACKENDS
+
+__all__ = ["TARGET_NAME", "attention", "ffi_available"]
+
+#: The XLA custom-call target the handlers are registered under, for both platforms.
+TARGET_NAME = "waveboost_attention"
+
+# Exported C symbols of _waveboost, per XLA platform name (cmake/jax_ffi.cmake builds them).
+_HANDLER_SYMBOLS = {"cpu": "waveboost_jax_attention_cpu", "CUDA": "waveboost_jax_attention_cuda"}
+_SUPPORTED_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
+
+
+@functools.cache
+def _registered_platforms() -> tuple[str, ...]:
+    """Registers the handlers this build has with XLA (once) and returns their platforms."""
+    library = ctypes.CDLL(_waveboost.__file__)  # the already-loaded module: dlopen hands back its handle
+    platforms = []
+    for platform, symbol in _HANDLER_SYMBOLS.items():
+        handler = getattr(library, symbol, None)
+        if handler is not None:
+            jax.ffi.register_ffi_target(TARGET_NAME, jax.ffi.pycapsule(handler), platform=platform)
+            platforms.append(platform)
+    return tuple(platforms)
+
+
+def ffi_available() -> bool:
+    """Whether this build of waveboost carries the XLA FFI handlers (and registers them)."""
+    return "cpu" in _registered_platforms()
+
+
+def _require_ffi(arrays: tuple[Any, ...]) -> None:
+    platforms = _registered_platforms()
+    if not platforms:
+        raise RuntimeError(
+            "waveboost.jax needs waveboost's XLA FFI handlers, and this build has none: jaxlib's FFI "
+            "headers were not found when waveboost was built (pip's isolated build has no jax). Reinstall "
+            "with jax installed: pip install --no-build-isolation . (or pass "
+            "-Ccmake.define.WAVEBOOST_XLA_FFI_INCLUDE_DIR=<jax.ffi.include_dir()>). Meanwhile "
+            "waveboost.attention takes JAX arrays eagerly, outside jit."
+        )
+    if "CUDA" not in platforms:
+        for x in arrays:
+            concrete = isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+            if concrete and any(d.platform == "gpu" for d in x.devices()):
+                raise RuntimeError(
+                    "waveboost was built without CUDA, so its XLA FFI handler runs on the CPU only; "
+                    f"got arrays on {sorted(str(d) for d in x.devices())}"
+                )
+
+
+def _check_dlpack_fallback(arrays: tuple[Any, ...], out_given: bool) -> None:
+    """waveboost.attention's DLPack route needs concrete arrays: say why a traced call cannot take it."""
+    if not any(isinstance(x, jax.core.Tracer) for x in arrays):
+        return
+    if out_given:
+        raise TypeError("out= needs concrete JAX arrays (it writes into an existing buffer); "
+                        "under jit or vmap call waveboost.attention without out=")
+    _require_ffi(())
+
+
+def _check_inputs(q: Any, k: Any, v: Any, backend: str) -> None:
+    """Trace-time checks, so mistakes raise here with a message instead of inside XLA."""
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+    for name, x, layout in (("q", q, "(batch, seqlen_q, heads, head_dim)"),
+                            ("k", k, "(batch, seqlen_k, heads_kv, head_dim)"),
+                            ("v", v, "(batch, seqlen_k, heads_kv, head_dim)")):
+        if jnp.ndim(x) != 4:
+            raise ValueError(f"{name} must be a 4-D array {layout}; got shape {jnp.shape(x)}")
+    dtype = jnp.result_type(q)
+    if dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"q must have dtype float16, bfloat16, float32 or float64; got {dtype}")
+    for name, x in (("k", k), ("v", v)):
+        if jnp.result_type(x) != dtype:
+            raise TypeError(f"{name} has dtype {jnp.result_type(x)} but q has {dtype}; q, k and v must share one dtype")
+    qs, ks, vs = jnp.shape(q), jnp.shape(k), jnp.shape(v)
+    if ks != vs:
+        raise ValueError(f"v has shape {vs} but k has {ks}; they must match")
+    if ks[0] != qs[0] or ks[3] != qs[3]:
+        raise ValueError(f"k has shape {ks}; its batch and head_dim must match q's {qs}")
+    if qs[3] < 1:
+        raise ValueError(f"q has head_dim 0 (shape {qs}); head_dim must be >= 1")
+    if (ks[2] == 0 and qs[2] > 0) or (ks[2] > 0 and qs[2] % ks[2] != 0):
+        raise ValueError(
+            f"q's heads ({qs[2]}) must be a multiple of k's heads_kv ({ks[2]}) for grouped-query attention")
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "softmax_scale", "backend"))
+def _attention_call(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, softmax_scale: float,
+                    backend: str) -> tuple[jax.Array, jax.Array]:
+    batch, seqlen_q, heads, _ = q.shape
+    call = jax.ffi.ffi_call(
+        TARGET_NAME,
+        (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seqlen_q), jnp.float32)),
+        # vmap prepends the mapped axis to every operand and result; the handlers fold all
+        # leading axes into batch. Unmapped operands (e.g. shared k, v) are broadcast first.
+        vmap_method="broadcast_all",
+    )
+    return call(q, k, v, causal=np.bool_(causal), softmax_scale=np.float64(softmax_scale), backend=backend)
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """``waveboost.attention`` for JAX: an XLA custom call, usable under ``jit`` and ``vmap``.
+
+    Same arguments and conventions as ``waveboost.attention`` (BSHD layout, GQA/MQA, bottom-right
+    causal mask, float32 ``lse`` of shape (batch, heads, seqlen_q)) less ``out=``: XLA allocates
+    the results. ``causal``, ``softmax_scale`` and ``backend`` are static (Python values, not
+    traced arrays). An explicit ``backend`` that cannot run the call fails when XLA executes it,
+    with waveboost's message.
+    """
+    _require_ffi((q, k, v))
+    _check_inputs(q, k, v, backend)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(jnp.shape(q)[3])
+    softmax_scale = float(softmax_scale)
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    out, lse = _attention_call(q, k, v, causal=bool(causal), softmax_scale=softmax_scale, backend=backend)
+    return (out, lse) if return_lse else out
+
