@@ -19,7 +19,7 @@ import waveboost
 from reference import attention_ref, attention_ref_rows_torch, attention_ref_torch, random_qkv, rel_err
 
 DEV = "cuda"
-PATHS_FP16 = ["naive", "simt", "wmma", "mma"]
+PATHS_FP16 = ["naive", "simt", "wmma", "mma", "wgmma"]
 REL_TOL = {"fp16": 1e-2, "bf16": 3e-2, "fp32": 2e-4}
 TWO_31 = 2**31
 
@@ -31,6 +31,16 @@ def _torch():
 def _tdtype(dname):
     torch = _torch()
     return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dname]
+
+
+def _path_runs_here(path):
+    """wgmma exists on compute capability 9.0 only; every other path runs on any test GPU."""
+    return path != "wgmma" or _torch().cuda.get_device_capability() == (9, 0)
+
+
+def _require_path(path):
+    if not _path_runs_here(path):
+        pytest.skip(f"backend '{path}' needs compute capability 9.0")
 
 
 def _free_memory():
@@ -129,28 +139,31 @@ def test_cpu_broadcast_inputs_are_fine(rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("path,dname", [(p, "fp16") for p in PATHS_FP16] + [("simt", "fp32"), ("naive", "fp32")])
+@pytest.mark.parametrize("path,dname", [(p, "fp16") for p in PATHS_FP16] +
+                         [("simt", "fp32"), ("naive", "fp32"), ("mma", "fp32"), ("wgmma", "bf16")])
 def test_gpu_batch_times_heads_beyond_65535(path, dname, causal):
     """2 x 35001 heads (GQA 3:1): the flash paths fold batch * heads = 70002 over grid y and z."""
     torch = _torch()
+    _require_path(path)
     g = torch.Generator(device=DEV).manual_seed(1)
     mk = lambda *s: torch.randn(*s, generator=g, device=DEV).to(_tdtype(dname))  # noqa: E731
     q, k, v = mk(2, 5, 35001, 64), mk(2, 19, 11667, 64), mk(2, 19, 11667, 64)
     out, lse = _run(q, k, v, causal, path)
     ref, ref_lse = attention_ref_torch(q, k, v, causal, 1 / 8)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    atol = {"fp16": 5e-3, "bf16": 3e-2, "fp32": 1e-5}[dname]
     err = (out.double() - ref).abs().max().item()
-    assert err < {"fp16": 5e-3, "fp32": 1e-5}[dname], f"max err {err:.3g}"
+    assert err < atol, f"max err {err:.3g}"
     assert (lse.double() - ref_lse).abs().max().item() < 1e-3
     # The last (batch, head) pairs live past the 65535th grid row: check them explicitly.
-    assert (out[1, :, -3:].double() - ref[1, :, -3:]).abs().max().item() < {"fp16": 5e-3, "fp32": 1e-5}[dname]
+    assert (out[1, :, -3:].double() - ref[1, :, -3:]).abs().max().item() < atol
 
 
 # ---------------------------------------------------------------------------------------------
 # GPU: tensors of more than 2^31 elements
 # ---------------------------------------------------------------------------------------------
 
-BIG_CASES = [(p, "fp16") for p in PATHS_FP16] + [("simt", "fp32")]
+BIG_CASES = [(p, "fp16") for p in PATHS_FP16] + [("simt", "fp32"), ("mma", "fp32")]
 
 
 @pytest.mark.gpu
@@ -158,6 +171,7 @@ BIG_CASES = [(p, "fp16") for p in PATHS_FP16] + [("simt", "fp32")]
 def test_gpu_q_and_out_over_2_31_elements_by_rows(path, dname):
     """q, out (1, 2^24 + 100, 1, 128): row offsets pass 2^31 elements from row 2^24 on."""
     torch = _torch()
+    _require_path(path)
     lq, lk, d = 2**24 + 100, 96, 128
     assert lq * d > TWO_31
     esize = torch.tensor([], dtype=_tdtype(dname)).element_size()
@@ -182,6 +196,7 @@ def test_gpu_q_and_out_over_2_31_elements_by_rows(path, dname):
 def test_gpu_q_and_out_over_2_31_elements_by_batch(path, dname):
     """q, out (65539, 128, 2, 128), GQA 2:1: batch offsets pass 2^31 and batch * heads = 131078 > 65535."""
     torch = _torch()
+    _require_path(path)
     b, lq, lk, h, d = 65539, 128, 64, 2, 128
     assert b * lq * h * d > TWO_31
     esize = torch.tensor([], dtype=_tdtype(dname)).element_size()
@@ -206,6 +221,7 @@ def test_gpu_k_and_v_over_2_31_elements(path, dname):
     """k, v (1, 2^17 + 4096, 128, 128): key rows from 2^17 on sit past 2^31 elements. Those keys are
     scaled up so that they dominate every softmax: reading them from a wrapped offset cannot pass."""
     torch = _torch()
+    _require_path(path)
     lq, lk, h, d = 64, 2**17 + 4096, 128, 128
     assert lk * h * d > TWO_31
     esize = torch.tensor([], dtype=_tdtype(dname)).element_size()
@@ -237,11 +253,13 @@ LONG_ROWS = [0, 1, 2, 3, 1000, 65535, 65536] + list(range(LONG - 64, LONG))
 @pytest.mark.parametrize(
     "path,dname,d,heads,causal",
     [("mma", "fp16", 128, 2, True), ("mma", "bf16", 64, 2, False), ("wmma", "bf16", 128, 2, True),
-     ("wmma", "fp16", 64, 1, False), ("simt", "fp32", 64, 1, True), ("simt", "bf16", 128, 1, True)],
+     ("wmma", "fp16", 64, 1, False), ("simt", "fp32", 64, 1, True), ("simt", "bf16", 128, 1, True),
+     ("mma", "fp32", 128, 1, True), ("wgmma", "fp16", 64, 2, True), ("wgmma", "bf16", 128, 1, False)],
     ids=lambda x: str(x),
 )
 def test_gpu_seqlen_128k(path, dname, d, heads, causal):
     torch = _torch()
+    _require_path(path)
     g = torch.Generator(device=DEV).manual_seed(5)
     q = torch.randn(1, LONG, heads, d, generator=g, device=DEV, dtype=_tdtype(dname))
     k = torch.randn(1, LONG, 1, d, generator=g, device=DEV, dtype=_tdtype(dname))
@@ -276,29 +294,40 @@ def test_gpu_seqlen_128k_naive():
 # ---------------------------------------------------------------------------------------------
 
 
-def _broadcast_qkv(batch, heads, seqlen, d=64):
+def _broadcast_qkv(batch, heads, seqlen, d=64, dname="fp16"):
     torch = _torch()
-    q = torch.randn(1, 1, 1, d, device=DEV, dtype=torch.float16).expand(batch, seqlen, heads, d)
-    k = torch.randn(1, 1, 1, d, device=DEV, dtype=torch.float16).expand(batch, seqlen, 1, d)
+    q = torch.randn(1, 1, 1, d, device=DEV, dtype=_tdtype(dname)).expand(batch, seqlen, heads, d)
+    k = torch.randn(1, 1, 1, d, device=DEV, dtype=_tdtype(dname)).expand(batch, seqlen, 1, d)
     return q, k, k
+
+
+# The folded-grid paths (batch * heads over grid y and z): the limit, the word "grid", the value.
+FOLDED_GRID_REFUSAL = r"backend '{}' supports batch \* heads up to 4294836225 .*grid.*got batch \* heads 4294967296"
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "path,message",
+    "path,dname,message",
     [
-        ("simt", r"backend 'simt' launches batch \* heads \* ceil\(seqlen_q / 64\) blocks in grid x, at most 2147483647; "
-                 r"got batch \* heads 4294967296"),
-        ("wmma", r"backend 'wmma' supports batch \* heads up to 4294836225 .*got batch \* heads 4294967296"),
-        pytest.param("mma", r"backend 'mma'.*grid", marks=pytest.mark.xfail(
-            strict=True, reason="mma_can_implement (flash_mma_launch.cu) does not check the grid; only the launch "
-            "does, so resolve_backend and 'auto' accept batch * heads > 65535^2")),
+        ("simt", "fp16", (r"backend 'simt' launches batch \* heads \* ceil\(seqlen_q / 64\) blocks in grid x, "
+                          r"at most 2147483647; got batch \* heads 4294967296")),
+        ("wmma", "fp16", FOLDED_GRID_REFUSAL.format("wmma")),
+        ("mma", "fp16", FOLDED_GRID_REFUSAL.format("mma")),
+        ("mma", "fp32", FOLDED_GRID_REFUSAL.format("mma")),
+        ("wgmma", "fp16", FOLDED_GRID_REFUSAL.format("wgmma")),
     ],
+    ids=["simt-fp16", "wmma-fp16", "mma-fp16", "mma-fp32", "wgmma-fp16"],
 )
-def test_gpu_grid_limit_refused_with_the_limit(path, message):
-    q, k, v = _broadcast_qkv(65536, 65536, 1)
+def test_gpu_grid_limit_refused_with_the_limit(path, dname, message):
+    _require_path(path)
+    q, k, v = _broadcast_qkv(65536, 65536, 1, dname=dname)
     with pytest.raises(ValueError, match=message):
         waveboost.resolve_backend(q, k, v, backend=path)
+    # "auto" sees the refusal too: no flash path can launch this, so it ends at naive (or refuses).
+    try:
+        assert waveboost.resolve_backend(q, k, v) == "naive"
+    except ValueError:
+        pass
 
 
 @pytest.mark.gpu
@@ -337,7 +366,7 @@ def test_gpu_out_of_memory_is_a_runtime_error_and_the_next_call_works():
     # The process is usable: the same and every other path run correctly right after.
     q2, k2, v2 = (torch.randn(2, 97, 4, 64, generator=g, device=DEV, dtype=torch.float16) for _ in range(3))
     ref, _ = attention_ref_torch(q2, k2, v2, True, 1 / 8)
-    for path in PATHS_FP16:
+    for path in filter(_path_runs_here, PATHS_FP16):
         out = waveboost.attention(q2, k2, v2, causal=True, backend=path)
         torch.cuda.synchronize()
         assert (out.double() - ref).abs().max().item() < 5e-3, path

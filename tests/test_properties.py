@@ -12,9 +12,10 @@ first-order rounding bound of a correct kernel in the call's precision); LSE wit
 rows that see no key are zeros with LSE -inf.
 
 CPU cases run in CI (bounded: MAX_EXAMPLES_CPU examples, small shapes). GPU cases (marked gpu) cover
-every CUDA path with each dtype it supports; where a path must refuse a layout (mma needs 16-byte
-aligned data and strides that are multiples of 8 elements) the property is that it refuses exactly
-then, with the documented ValueError.
+every CUDA path with each dtype it supports; where a path must refuse a layout (mma and wgmma need
+16-byte aligned data and strides that are multiples of 16 bytes: 8 elements of fp16/bf16, 4 of fp32)
+the property is that it refuses exactly then, with the documented ValueError, and that "auto" falls
+back to a path that takes it (wmma for fp16/bf16, simt for fp32).
 """
 
 from __future__ import annotations
@@ -155,8 +156,11 @@ def test_cpu_matches_reference(problem, dtype):
 # ---------------------------------------------------------------------------------------------
 
 PATH_DTYPES = {"naive": ["fp16", "bf16", "fp32"], "simt": ["fp16", "bf16", "fp32"], "wmma": ["fp16", "bf16"],
-               "mma": ["fp16", "bf16"]}
-PATH_HEAD_DIMS = {"naive": [1, 24, 64, 80, 128, 256], "simt": [64, 128], "wmma": [64, 128], "mma": [64, 128]}
+               "mma": ["fp16", "bf16", "fp32"], "wgmma": ["fp16", "bf16"]}
+PATH_HEAD_DIMS = {"naive": [1, 24, 64, 80, 128, 256], "simt": [64, 128], "wmma": [64, 128], "mma": [64, 128],
+                  "wgmma": [64, 128]}
+# Paths that move tiles in 16-byte pieces and refuse layouts that do not allow it.
+VECTOR_PATHS = ("mma", "wgmma")
 GPU_LAYOUTS = [x for x in LAYOUTS if x != "reversed_rows"]  # torch has no negative strides
 GPU_OUT_LAYOUTS = [x for x in OUT_LAYOUTS if x != "reversed_rows"]
 
@@ -171,13 +175,14 @@ class _TorchOps:
         return x.expand(*shape)
 
 
-def _mma_can_take(tensors):
-    """mma's documented condition: 16-byte aligned data, strides (of dims of extent > 1) multiples of 8."""
+def _vector_path_can_take(tensors):
+    """mma's and wgmma's documented condition: 16-byte aligned data, strides (of dims of extent > 1) multiples of
+    16 bytes (8 elements of fp16/bf16, 4 of fp32)."""
     for t in tensors:
         if t.data_ptr() % 16:
             return False
         for size, stride in zip(t.shape[:-1], t.stride()[:-1]):  # head_dim: unit stride
-            if size > 1 and stride % 8:
+            if size > 1 and stride * t.element_size() % 16:
                 return False
     return True
 
@@ -186,6 +191,8 @@ def _mma_can_take(tensors):
 @pytest.mark.parametrize("path", list(PATH_DTYPES))
 def test_gpu_matches_reference(path):
     torch = pytest.importorskip("torch", reason="the GPU tests drive the kernels through PyTorch")
+    if path == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("backend 'wgmma' needs compute capability 9.0")
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
     @settings(max_examples=MAX_EXAMPLES_GPU, deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -205,12 +212,13 @@ def test_gpu_matches_reference(path):
         out, out_buf = make_view(_TorchOps, (b, lq, h, d), problem["out_layout"],
                                  lambda s: torch.full(s, float("nan"), device=DEV, dtype=dtype), off)
         backend = path
-        if path == "mma" and not _mma_can_take([q, k, v, out]):
-            with pytest.raises(ValueError, match=r"backend 'mma' needs 16-byte aligned"):
+        if path in VECTOR_PATHS and not _vector_path_can_take([q, k, v, out]):
+            with pytest.raises(ValueError, match=rf"backend '{path}' needs 16-byte aligned"):
                 waveboost.attention(q, k, v, causal=problem["causal"], softmax_scale=problem["scale"], out=out,
-                                    backend="mma")
-            if not _mma_can_take([q, k, v]):
-                assert waveboost.resolve_backend(q, k, v, causal=problem["causal"]) != "mma"
+                                    backend=path)
+            if not _vector_path_can_take([q, k, v]):
+                fallback = "simt" if dname == "fp32" else "wmma"
+                assert waveboost.resolve_backend(q, k, v, causal=problem["causal"]) == fallback
             backend = "auto"  # must fall back to a path that takes this layout
         result = waveboost.attention(q, k, v, causal=problem["causal"], softmax_scale=problem["scale"], out=out,
                                      return_lse=problem["return_lse"], backend=backend)

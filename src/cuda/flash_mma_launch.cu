@@ -54,6 +54,10 @@ Status mma_can_implement(const AttentionParams& p) {
     return Status::NotSupported("backend 'mma' needs compute capability >= 8.0; device " +
                                 std::to_string(p.device_id) + " has " + cc_string(cc));
   }
+  const int64_t block_m = fp32 ? FlashMmaTf32Traits<64>::kBlockM : FlashMmaTraits<__half, 64>::kBlockM;
+  static_assert(FlashMmaTf32Traits<64>::kBlockM == FlashMmaTf32Traits<128>::kBlockM &&
+                FlashMmaTraits<__half, 64>::kBlockM == FlashMmaTraits<__nv_bfloat16, 128>::kBlockM);
+  if (Status s = folded_grid_check(p, block_m, "mma"); !s.ok()) return s;
   int smem_optin = 0;
   WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
   const int smem_bytes = fp32 ? flash_mma_tf32_smem_bytes(p.head_dim) : flash_mma_smem_bytes(p.head_dim);

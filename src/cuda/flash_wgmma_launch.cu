@@ -91,6 +91,9 @@ Status wgmma_can_implement(const AttentionParams& p) {
     return Status::NotSupported("backend 'wgmma' runs on compute capability 9.0 (Hopper) only; device " +
                                 std::to_string(p.device_id) + " has " + cc_string(cc));
   }
+  // 128 = FlashWgmmaTraits::kBlockM of every instantiation (that header compiles for sm_90a
+  // only); the launcher repeats this check with the traits' own value.
+  if (Status s = folded_grid_check(p, 128, "wgmma"); !s.ok()) return s;
   int smem_optin = 0;
   WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
   if (smem_needed > smem_optin) {

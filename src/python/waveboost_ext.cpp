@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,13 +30,17 @@ namespace {
 using InputTensor = nb::ndarray<nb::ro>;
 using OutputTensor = nb::ndarray<>;
 
-std::string shape_str(const nb::ndarray<nb::ro>& t) {
-  std::ostringstream os;
-  os << "(";
-  for (size_t i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.shape(i);
-  os << (t.ndim() == 1 ? ",)" : ")");
-  return os.str();
+// Messages are built with std::to_string and concatenation, not iostreams: a module
+// linked against a static libstdc++ next to another (e.g. PyTorch's) can crash formatting
+// numbers through an uninitialized locale.
+std::string join_ints(const nb::ndarray<nb::ro>& t, bool strides) {
+  std::string s = "(";
+  for (size_t i = 0; i < t.ndim(); ++i)
+    s += (i ? ", " : "") + (strides ? std::to_string(t.stride(i)) : std::to_string(t.shape(i)));
+  return s + (t.ndim() == 1 ? ",)" : ")");
 }
+
+std::string shape_str(const nb::ndarray<nb::ro>& t) { return join_ints(t, false); }
 
 std::string dtype_str(nb::dlpack::dtype dt) {
   using Code = nb::dlpack::dtype_code;
@@ -142,15 +145,9 @@ void check_no_internal_overlap(const InputTensor& t, const char* name) {
   std::sort(dims.begin(), dims.end());
   int64_t span = 0;  // elements spanned by the dimensions so far, minus one
   for (auto [stride, extent] : dims) {
-    if (stride <= span) {
-      std::ostringstream os;
-      os << name << " has overlapping elements (shape (";
-      for (size_t i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.shape(i);
-      os << "), strides (";
-      for (size_t i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.stride(i);
-      os << ")); outputs must not overlap themselves (e.g. no expand()ed or broadcast views)";
-      value_error(os.str());
-    }
+    if (stride <= span)
+      value_error(std::string(name) + " has overlapping elements (shape " + shape_str(t) + ", strides " +
+                  join_ints(t, true) + "); outputs must not overlap themselves (e.g. no expand()ed or broadcast views)");
     span += stride * (extent - 1);
   }
 }
@@ -253,11 +250,9 @@ AttentionParams make_params(const InputTensor& q, const InputTensor& k, const In
 
   p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
   p.heads = heads, p.heads_kv = heads_kv, p.head_dim = head_dim;
-  if (softmax_scale && !std::isfinite(*softmax_scale)) {
-    std::ostringstream os;
-    os << "softmax_scale must be a finite number; got " << *softmax_scale;
-    value_error(os.str());
-  }
+  if (softmax_scale && !std::isfinite(*softmax_scale))
+    value_error(std::string("softmax_scale must be a finite number; got ") +
+                (std::isnan(*softmax_scale) ? "nan" : (*softmax_scale > 0 ? "inf" : "-inf")));
   p.softmax_scale = softmax_scale ? *softmax_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
   p.is_causal = causal;
   p.dtype = *dtype;

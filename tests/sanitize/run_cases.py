@@ -3,7 +3,9 @@
 Every CUDA path (naive, simt, wmma, mma) with each dtype it supports, head dims 64 and 128 (and a
 non-specialized one on naive), causal and not, sequence tails on both sides, GQA/MQA, rows that see no
 key, seqlen_k = 0, BHSD storage seen through transposes, and unaligned views (data pointer not 16-byte
-aligned, odd strides) on the paths that take them. Shapes are tiny so racecheck and initcheck finish.
+aligned, odd strides) on the paths that take them. mma's float32 kernel (3xTF32) and wgmma (compute
+capability 9.0 only: skipped elsewhere) get a few calls each covering the same features. Shapes are tiny
+so racecheck and initcheck finish.
 
 Outputs come from torch.empty (uninitialized) and are read afterwards, so an element a kernel fails to
 write shows up as an initcheck error; the script also fails on a NaN in out or lse (inputs are finite).
@@ -27,6 +29,8 @@ PATH_DTYPES = {"naive": ["fp16", "bf16", "fp32"], "simt": ["fp16", "bf16", "fp32
 # leaves rows 0..60 with no visible key.
 SHAPE_A = (2, 97, 131, 4, 2)
 SHAPE_B = (1, 131, 70, 4, 1)
+# Paths that refuse unaligned data (16-byte pieces) instead of launching.
+VECTOR_PATHS = ("mma", "wgmma")
 
 
 def cases():
@@ -43,6 +47,11 @@ def cases():
         out.append((path, "bf16", (2, 33, 0, 4, 2), 64, False, "contiguous"))  # seqlen_k = 0
         out.append((path, "fp16", (1, 150, 150, 8, 1), 64, True, "contiguous"))  # MQA, 8 query heads
         out.append((path, "fp16", SHAPE_B, 64, True, "unaligned"))
+    # Both head dims, causal and not, GQA and MQA-like 4:1, tails on both sides, rows that see no key.
+    out += [("mma", "fp32", SHAPE_A, 64, True, "contiguous"), ("mma", "fp32", SHAPE_B, 128, True, "bhsd"),
+            ("mma", "fp32", SHAPE_A, 128, False, "unaligned")]
+    out += [("wgmma", "fp16", SHAPE_A, 128, True, "contiguous"), ("wgmma", "bf16", SHAPE_B, 64, True, "contiguous"),
+            ("wgmma", "fp16", SHAPE_A, 64, False, "bhsd")]
     return out
 
 
@@ -62,13 +71,13 @@ def run(case, g):
     k = make((b, lk, hkv, d), dtype, layout, g)
     v = make((b, lk, hkv, d), dtype, layout, g)
     out = torch.empty(b, lq, h, d, device="cuda", dtype=dtype)
-    if layout == "unaligned" and path == "mma":  # the documented refusal: nothing is launched
+    if layout == "unaligned" and path in VECTOR_PATHS:  # the documented refusal: nothing is launched
         try:
             waveboost.attention(q, k, v, causal=causal, out=out, backend=path)
         except ValueError as e:
             assert "16-byte aligned" in str(e), e
             return 0
-        raise AssertionError("mma accepted unaligned data")
+        raise AssertionError(f"{path} accepted unaligned data")
     _, lse = waveboost.attention(q, k, v, causal=causal, out=out, return_lse=True, backend=path)
     torch.cuda.synchronize()
     assert not torch.isnan(out).any().item(), f"NaN in out: {case}"
@@ -84,6 +93,9 @@ def main():
         return
     info = waveboost.info()
     print(f"waveboost {info['version']} on {info['gpu']} (archs {info['cuda_architectures']})", flush=True)
+    if torch.cuda.get_device_capability() != (9, 0):
+        print("wgmma cases skipped: backend 'wgmma' needs compute capability 9.0", flush=True)
+        all_cases = [c for c in all_cases if c[0] != "wgmma"]
     g = torch.Generator(device="cuda").manual_seed(0)
     launched = 0
     for case in all_cases:

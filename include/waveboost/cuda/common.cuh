@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "waveboost/attention.h"
@@ -56,6 +57,33 @@ __host__ __device__ __forceinline__ int64_t causal_keys_visible(int64_t row, con
 inline Status cuda_status(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::Ok();
   return Status::CudaError(std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+// Launch grid of the mma and wgmma kernels: query blocks of block_m rows in x (at most
+// 2^31 - 1), batch * heads folded over y and z (at most 65535 each).
+struct FoldedGrid {
+  int64_t x = 0, y = 0, z = 0;
+  bool fits() const { return x <= INT32_MAX && y <= 65535 && z <= 65535; }
+};
+
+inline FoldedGrid folded_grid(const AttentionParams& p, int64_t block_m) {
+  constexpr int64_t kMaxGridYZ = 65535;
+  const int64_t bh = p.batch * p.heads;
+  FoldedGrid grid;
+  grid.x = (p.seqlen_q + block_m - 1) / block_m;
+  grid.y = bh < kMaxGridYZ ? bh : kMaxGridYZ;
+  grid.z = grid.y > 0 ? (bh + grid.y - 1) / grid.y : 0;
+  return grid;
+}
+
+// Ok, or the refusal of `backend` stating the grid limits, when folded_grid(p, block_m) does not fit.
+inline Status folded_grid_check(const AttentionParams& p, int64_t block_m, const char* backend) {
+  if (folded_grid(p, block_m).fits()) return Status::Ok();
+  return Status::NotSupported(std::string("backend '") + backend +
+                              "' supports batch * heads up to 4294836225 (65535 x 65535 blocks in grid y and z) "
+                              "and ceil(seqlen_q / " + std::to_string(block_m) +
+                              ") up to 2147483647 (grid x); got batch * heads " + std::to_string(p.batch * p.heads) +
+                              " and seqlen_q " + std::to_string(p.seqlen_q));
 }
 
 // Makes params.device_id current for the scope and restores the caller's device.

@@ -7,6 +7,7 @@
 //   S = Q K^T                          mma.sync m16n8k16, fp32 accumulators in registers
 //   m_new = max(m, c * rowmax(S))      c = softmax_scale * log2(e); a row spans one quad
 //   P = exp2(c * S - m_new)            one FFMA + ex2 per score, packed to 16 bits in registers
+//                                      (huge scores: see softmax_step)
 //   l = exp2(m - m_new) * l + rowsum(P)
 //   O = exp2(m - m_new) * O + P V      P's registers are the A operand as they stand
 //
@@ -26,7 +27,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <type_traits>
 
 #include "waveboost/cuda/common.cuh"
@@ -230,10 +230,24 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// |c max(S)| from which the warp rounds c S before subtracting the max (softmax_step).
+constexpr float kExactExponentFrom = 16777216.f;  // 2^24: ulp(m) > 1 beyond
+
 // Folds the tile's scores into the running statistics and turns them into P (packed A
 // fragments). row_max is in scaled log2 units; row_sum is this thread's partial sum over its
 // columns (the quad's partials are added once, in the epilogue). Rescales O by
 // exp2(m_old - m_new) unless no row of the warp raised its max (exp2(0) == 1 exactly).
+//
+// The exponent. m = round(c max(S)), and one FFMA gives round(c s - m) from the exact
+// c s - m, so the largest score's exponent is the residual c max - m, |.| <= ulp(m) / 2.
+// While |m| < 2^24 that is <= 1/2: P stays in [2^-1/2, 2^1/2] at the max, and the common
+// factor cancels in O / l and in the LSE (which uses the same m). Beyond (scores of fp16
+// inputs near 65504 reach 1e10) it would overflow P or flush it to 0. A warp with such a row
+// first rounds t = c s for every score it holds and exponentiates t - m with the same FFMA
+// (factor 1): rounding is monotone, so m is the largest t, the max's exponent is exactly 0
+// and t - m is exact near it; the extra rounding of t is about that of the fp32 score
+// itself. The common case pays one compare per row and one vote per tile (measured: +6 to +8
+// instructions per key tile, against +1 per score for a separate subtract and multiply).
 template <typename Traits>
 __device__ __forceinline__ void softmax_step(float (&s)[Traits::kMTiles][Traits::kKeyTiles][4],
                                              uint32_t (&p)[Traits::kMTiles][Traits::kKeySlices][4],
@@ -242,7 +256,9 @@ __device__ __forceinline__ void softmax_step(float (&s)[Traits::kMTiles][Traits:
                                              float scale_log2) {
   using Element = typename Traits::Element;
   float alpha[Traits::kMTiles][2];
+  float neg_reference[Traits::kMTiles][2];
   bool rescale = false;
+  bool huge = false;
 #pragma unroll
   for (int mt = 0; mt < Traits::kMTiles; ++mt) {
 #pragma unroll
@@ -258,14 +274,33 @@ __device__ __forceinline__ void softmax_step(float (&s)[Traits::kMTiles][Traits:
       const float reference = new_max == -INFINITY ? 0.f : new_max;
       alpha[mt][half] = mma::exp2(row_max[mt][half] - reference);
       rescale |= new_max != row_max[mt][half];
+      huge |= fabsf(reference) >= kExactExponentFrom;  // +inf (an infinite score) too
       row_max[mt][half] = new_max;
-
-      const float neg_reference = -reference;
+      neg_reference[mt][half] = -reference;
+    }
+  }
+  float factor = scale_log2;
+  if (__any_sync(0xffffffffu, huge)) {
+    // __fmul_rn is never contracted into the FFMA below (which would restore the residual).
+#pragma unroll
+    for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = __fmul_rn(s[mt][nt][e], scale_log2);
+      }
+    }
+    factor = 1.f;
+  }
+#pragma unroll
+  for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
-        const float p0 = mma::exp2(fmaf(s[mt][nt][2 * half], scale_log2, neg_reference));
-        const float p1 = mma::exp2(fmaf(s[mt][nt][2 * half + 1], scale_log2, neg_reference));
+        const float p0 = mma::exp2(fmaf(s[mt][nt][2 * half], factor, neg_reference[mt][half]));
+        const float p1 = mma::exp2(fmaf(s[mt][nt][2 * half + 1], factor, neg_reference[mt][half]));
         sum += p0 + p1;
         // Key tile nt fills half (nt % 2) of slice nt / 2: registers a{0,1} for the first
         // 8 keys, a{2,3} for the next; a{0,2} are row g, a{1,3} row g + 8.
@@ -432,18 +467,19 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
     for (; j >= 0; --j) attend_key_tile(j, std::false_type{});
   }
 
-  // Epilogue. O /= l; a row that saw no key has l = 0 and O = 0 and stays 0.
+  // Epilogue. O /= l; a row that saw no key (or only -inf scores) has l = 0 and O = 0 and
+  // stays 0 with LSE -inf. A NaN l (NaN or +inf scores) makes O and LSE NaN.
   float inv_sum[kMTiles][2];
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float sum = quad_sum(row_sum[mt][half]);
-      inv_sum[mt][half] = sum > 0.f ? 1.f / sum : 0.f;
+      inv_sum[mt][half] = sum == 0.f ? 0.f : 1.f / sum;
       const int64_t row = warp_m0 + 16 * mt + 8 * half + g;
       if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
         p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row] =
-            sum > 0.f ? row_max[mt][half] * kLn2 + logf(sum) : -INFINITY;
+            sum == 0.f ? -INFINITY : row_max[mt][half] * kLn2 + logf(sum);
       }
     }
   }
@@ -509,19 +545,12 @@ inline int flash_mma_smem_bytes(int64_t head_dim) {
 template <typename Element, int kHeadDim, bool kCausal>
 Status launch_flash_mma_kernel(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashMmaTraits<Element, kHeadDim>;
-  constexpr int64_t kMaxGridYZ = 65535;
-  const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  const int64_t bh = p.batch * p.heads;
-  const int64_t grid_y = bh < kMaxGridYZ ? bh : kMaxGridYZ;
-  const int64_t grid_z = (bh + grid_y - 1) / grid_y;
-  if (m_blocks > INT32_MAX || grid_z > kMaxGridYZ) {
-    return Status::NotSupported("backend 'mma': seqlen_q " + std::to_string(p.seqlen_q) + " with batch*heads " +
-                                std::to_string(bh) + " exceeds the CUDA grid");
-  }
+  if (Status s = folded_grid_check(p, Traits::kBlockM, "mma"); !s.ok()) return s;
+  const FoldedGrid g = folded_grid(p, Traits::kBlockM);
   const auto kernel = flash_mma_kernel<Element, kHeadDim, kCausal>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(grid_y), static_cast<unsigned>(grid_z));
+  const dim3 grid(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
   return cuda_status(cudaGetLastError(), "flash_mma_kernel launch");
 }

@@ -26,7 +26,9 @@
 // accumulating O on the tensor core instead gives ~1e-5 already at 1k keys.
 //
 // Non-finite inputs propagate as in IEEE arithmetic: split_tf32 sends an infinity through hi
-// alone (lo = 0, not inf - inf = NaN).
+// alone (lo = 0, not inf - inf = NaN), and a score whose main product is infinite skips its
+// corrections (scores). In P V, an infinite V element may come out NaN rather than inf
+// (P's lo times inf, of either sign): non-finite either way.
 //
 // Fragments without shuffles. P V contracts over keys, and any fixed renumbering of a tile's
 // keys, applied to P's columns and V's rows alike, leaves it unchanged. Thread (g, t) holds
@@ -61,7 +63,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <type_traits>
 
 #include "waveboost/cuda/common.cuh"
@@ -237,10 +238,15 @@ __device__ __forceinline__ void scores(float (&s)[1][Traits::kKeyTiles][4], cons
       mma_3xtf32(s[0][nt], corr[nt], q_hi[1], q_lo[1], k.z, k.w);
     }
   }
+  // An infinite Q or K element makes the main product infinite (the IEEE score), while the
+  // corrections pick up inf * lo of the other operand, whose sign is arbitrary: adding them
+  // could turn a -inf score, which softmax sends to 0, into NaN.
 #pragma unroll
   for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[0][nt][e] += corr[nt][e];
+    for (int e = 0; e < 4; ++e) {
+      if (!isinf(s[0][nt][e])) s[0][nt][e] += corr[nt][e];
+    }
   }
 }
 
@@ -291,6 +297,9 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[Traits::kDimTiles][4], 
 // Folds the tile's scores (log2 units) into the running max and sum and turns them into
 // probabilities in place; alpha[half] = exp2(m_old - m_new) rescales O and row_sum. row_sum is
 // this thread's partial over its columns (the quad's partials are added in the epilogue).
+// The scores are already scaled, so m is one of them: the max's exponent s - m is exactly 0
+// and accurate near it however large the scores (no rounding residual of c max, unlike the
+// 16-bit path's FFMA).
 template <typename Traits>
 __device__ __forceinline__ void softmax_step(float (&s)[1][Traits::kKeyTiles][4], float (&alpha)[2],
                                              float (&row_max)[2], float (&row_sum)[2]) {
@@ -506,19 +515,12 @@ inline int flash_mma_tf32_smem_bytes(int64_t head_dim) {
 template <int kHeadDim, bool kCausal>
 Status launch_flash_mma_tf32_kernel(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashMmaTf32Traits<kHeadDim>;
-  constexpr int64_t kMaxGridYZ = 65535;
-  const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  const int64_t bh = p.batch * p.heads;
-  const int64_t grid_y = bh < kMaxGridYZ ? bh : kMaxGridYZ;
-  const int64_t grid_z = (bh + grid_y - 1) / grid_y;
-  if (m_blocks > INT32_MAX || grid_z > kMaxGridYZ) {
-    return Status::NotSupported("backend 'mma': seqlen_q " + std::to_string(p.seqlen_q) + " with batch*heads " +
-                                std::to_string(bh) + " exceeds the CUDA grid");
-  }
+  if (Status s = folded_grid_check(p, Traits::kBlockM, "mma"); !s.ok()) return s;
+  const FoldedGrid g = folded_grid(p, Traits::kBlockM);
   const auto kernel = flash_mma_tf32_kernel<kHeadDim, kCausal>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(grid_y), static_cast<unsigned>(grid_z));
+  const dim3 grid(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
   return cuda_status(cudaGetLastError(), "flash_mma_tf32_kernel launch");
 }

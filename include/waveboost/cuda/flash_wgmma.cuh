@@ -7,6 +7,7 @@
 //
 //   S = Q K^T        wgmma m64n128k16, Q and K from shared memory (both K-major)
 //   softmax          on S's accumulators in registers, exp2 with scale * log2(e) folded
+//                    (huge scores: see softmax_step)
 //   O += P V         wgmma m64nDk16 with P from registers (the accumulator layout is the A
 //                    fragment layout) and V from shared memory, MN-major (imm-trans-b)
 //
@@ -29,7 +30,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <type_traits>
 
 #include "waveboost/cuda/common.cuh"
@@ -199,16 +199,26 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// |c max(S)| from which the warp rounds c S before subtracting the max (softmax_step).
+constexpr float kExactExponentFrom = 16777216.f;  // 2^24: ulp(m) > 1 beyond
+
 // Folds the tile's scores into the running statistics and turns them, in place, into the
 // unnormalized probabilities P = exp2(c S - m_new); returns the factors alpha =
 // exp2(m_old - m_new) that O still needs (applied by the caller once the product in flight
 // has landed). row_max is in scaled log2 units; row_sum is this thread's partial sum over
 // its columns (the quad's partials are added once, in the epilogue). Returns whether any row
 // of the warp raised its max (else alpha == 1 exactly).
+//
+// The exponent, as in the mma path (flash_mma.cuh, softmax_step): one FFMA gives c s - m
+// exactly before rounding, so the row max's exponent is the residual of m = round(c max),
+// harmless while |m| < 2^24; a warp with a larger |m| rounds t = c s first and
+// exponentiates t - m, exactly 0 at the max.
 template <typename Traits>
 __device__ __forceinline__ bool softmax_step(float (&s)[Traits::kScoreRegs], float (&alpha)[2], float (&row_max)[2],
                                              float (&row_sum)[2], float scale_log2) {
   bool raised = false;
+  bool huge = false;
+  float neg_reference[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float tile_max = s[2 * half];
@@ -223,16 +233,26 @@ __device__ __forceinline__ bool softmax_step(float (&s)[Traits::kScoreRegs], flo
     const float reference = new_max == -INFINITY ? 0.f : new_max;
     alpha[half] = mma::exp2(row_max[half] - reference);
     raised |= new_max != row_max[half];
+    huge |= fabsf(reference) >= kExactExponentFrom;  // +inf (an infinite score) too
     row_max[half] = new_max;
-
-    const float neg_reference = -reference;
+    neg_reference[half] = -reference;
+  }
+  float factor = scale_log2;
+  if (__any_sync(0xffffffffu, huge)) {
+    // __fmul_rn is never contracted into the FFMA below (which would restore the residual).
+#pragma unroll
+    for (int i = 0; i < Traits::kScoreRegs; ++i) s[i] = __fmul_rn(s[i], scale_log2);
+    factor = 1.f;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
     float sum = 0.f;
 #pragma unroll
     for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[4 * nt + 2 * half + e];
-        x = mma::exp2(fmaf(x, scale_log2, neg_reference));
+        x = mma::exp2(fmaf(x, factor, neg_reference[half]));
         sum += x;
       }
     }
@@ -441,16 +461,17 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
     wgmma::fence_operands(o);
   }
 
-  // Epilogue. O /= l; a row that saw no key has l = 0 and O = 0 and stays 0.
+  // Epilogue. O /= l; a row that saw no key (or only -inf scores) has l = 0 and O = 0 and
+  // stays 0 with LSE -inf. A NaN l (NaN or +inf scores) makes O and LSE NaN.
   float inv_sum[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const float sum = quad_sum(row_sum[half]);
-    inv_sum[half] = sum > 0.f ? 1.f / sum : 0.f;
+    inv_sum[half] = sum == 0.f ? 0.f : 1.f / sum;
     const int64_t row = warp_m0 + g + 8 * half;
     if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
       p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row] =
-          sum > 0.f ? row_max[half] * kLn2 + logf(sum) : -INFINITY;
+          sum == 0.f ? -INFINITY : row_max[half] * kLn2 + logf(sum);
     }
   }
 
@@ -494,19 +515,12 @@ __global__ void __launch_bounds__(FlashWgmmaTraits<Element, kHeadDim>::kThreads,
 template <typename Element, int kHeadDim, bool kCausal>
 Status launch_flash_wgmma_kernel(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashWgmmaTraits<Element, kHeadDim>;
-  constexpr int64_t kMaxGridYZ = 65535;
-  const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  const int64_t bh = p.batch * p.heads;
-  const int64_t grid_y = bh < kMaxGridYZ ? bh : kMaxGridYZ;
-  const int64_t grid_z = (bh + grid_y - 1) / grid_y;
-  if (m_blocks > INT32_MAX || grid_z > kMaxGridYZ) {
-    return Status::NotSupported("backend 'wgmma': seqlen_q " + std::to_string(p.seqlen_q) + " with batch*heads " +
-                                std::to_string(bh) + " exceeds the CUDA grid");
-  }
+  if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
+  const FoldedGrid g = folded_grid(p, Traits::kBlockM);
   const auto kernel = flash_wgmma_kernel<Element, kHeadDim, kCausal>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(grid_y), static_cast<unsigned>(grid_z));
+  const dim3 grid(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
   return cuda_status(cudaGetLastError(), "flash_wgmma_kernel launch");
 }
