@@ -28,7 +28,7 @@ fi
 {
   echo "# compute-sanitizer over tests/sanitize/run_cases.py"
   echo "date:       $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit:     $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+  echo "commit:     ${SOURCE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')}"
   echo "device:     $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
   echo "sanitizer:  $("$SANITIZER" --version 2>/dev/null | grep -i version | head -1)"
   echo "cases:      $("$PYTHON" tests/sanitize/run_cases.py --list | wc -l) calls (every path x dtype, head_dim 64/128, causal/not, tails, GQA/MQA, empty rows, seqlen_k 0, BHSD views, unaligned views)"
