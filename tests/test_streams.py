@@ -96,6 +96,10 @@ def test_two_streams_concurrent_with_a_third(backend):
     # (the custom op's first call sets up torch's dispatch, which can outlast SHORT_SLEEP).
     expected = [waveboost.attention(*qkv, causal=True, return_lse=True, backend=backend) for qkv in cases]
     wbt.attention(*cases[0], causal=True, return_lse=True, backend=backend)
+    # The third stream's work too: the process's first matmul creates cuBLAS's handle and workspace.
+    warm = torch.randn(2048, 2048, device="cuda")
+    torch.cuda._sleep(1000)
+    warm @ warm
     torch.cuda.synchronize()
 
     first, second, third = (torch.cuda.Stream() for _ in range(3))

@@ -48,11 +48,22 @@ def _torch_adapter() -> _Adapter:
     def empty(like, shape, dtype):
         return torch.empty(shape, dtype=like.dtype if dtype == "like" else torch.float32, device=like.device)
 
-    def stream(x):
-        return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+    # The raw-stream query is the cheap form of current_stream(device).cuda_stream (about 0.3 us
+    # against 2-3 us), which counts in launch-bound calls; builds without it use the public API.
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
-    # Forward only: DLPack refuses tensors that require grad, and no gradient flows through this call.
-    return _Adapter("torch", empty, stream, lambda x: x.detach(), _noop_finish)
+    def stream(x):
+        if not x.is_cuda:
+            return 0
+        if raw_stream is not None:
+            return raw_stream(x.device.index)
+        return torch.cuda.current_stream(x.device).cuda_stream
+
+    def prepare(x):
+        # Forward only: DLPack refuses tensors that require grad, and no gradient flows through this call.
+        return x.detach() if x.requires_grad else x
+
+    return _Adapter("torch", empty, stream, prepare, _noop_finish)
 
 
 def _cupy_adapter() -> _Adapter:
@@ -90,16 +101,19 @@ def _jax_adapter() -> _Adapter:
     return _Adapter("jax", empty, lambda x: 0, prepare, finish)
 
 
+_ADAPTER_FACTORIES = {"numpy": _numpy_adapter, "torch": _torch_adapter, "cupy": _cupy_adapter,
+                      "jax": _jax_adapter, "jaxlib": _jax_adapter}
+_adapters: dict = {}  # array type -> _Adapter, built on first use (imports the framework once)
+
+
 def _adapter_for(x: Any, arg: str) -> _Adapter:
-    module = type(x).__module__.split(".")[0]
-    if module == "numpy":
-        return _numpy_adapter()
-    if module == "torch":
-        return _torch_adapter()
-    if module == "cupy":
-        return _cupy_adapter()
-    if module in ("jax", "jaxlib"):
-        return _jax_adapter()
+    adapter = _adapters.get(type(x))
+    if adapter is not None:
+        return adapter
+    factory = _ADAPTER_FACTORIES.get(type(x).__module__.split(".")[0])
+    if factory is not None:
+        adapter = _adapters[type(x)] = factory()
+        return adapter
     raise TypeError(
         f"{arg} must be a NumPy, PyTorch, CuPy or JAX array; got {type(x).__module__}.{type(x).__qualname__}"
     )

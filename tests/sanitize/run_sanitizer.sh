@@ -48,12 +48,16 @@ for tool in memcheck racecheck initcheck synccheck; do
   summary_line=$(grep -h "ERROR SUMMARY" "$log" | tail -1)
   race_line=$(grep -h "RACECHECK SUMMARY" "$log" | tail -1)
   cases_line=$(grep -h "^run_cases:" "$LOG_DIR/$tool.stdout" | tail -1)
-  [ -z "$summary_line" ] && summary_line="ERROR SUMMARY: missing (see $log)"
+  [ -z "$summary_line" ] && [ "$tool" != racecheck ] && summary_line="ERROR SUMMARY: missing (see $log)"
   [ -z "$cases_line" ] && cases_line="run_cases.py did not complete (see $LOG_DIR/$tool.stdout)"
   printf '%-10s %s  [exit %s, %ss]\n' "$tool:" "$summary_line" "$rc" "$secs" >> "$SUMMARY"
   [ -n "$race_line" ] && printf '%-10s %s\n' "" "$race_line" >> "$SUMMARY"
   printf '%-10s %s\n' "" "$cases_line" >> "$SUMMARY"
-  if [ "$rc" -ne 0 ] || ! echo "$summary_line" | grep -q "ERROR SUMMARY: 0 errors" || ! echo "$cases_line" | grep -q "calls OK"; then
+  # racecheck reports hazards in its own summary line instead of an ERROR SUMMARY.
+  clean_line=$summary_line
+  [ "$tool" = racecheck ] && clean_line=$race_line
+  if [ "$rc" -ne 0 ] || ! echo "$clean_line" | grep -qE "ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards" \
+      || ! echo "$cases_line" | grep -q "calls OK"; then
     status=1
   fi
 done
