@@ -211,14 +211,15 @@ def test_mixed_devices_rejected():
         waveboost.attention(q, k.cpu(), v)
 
 
-def test_cupy_inputs_on_current_stream():
+@pytest.mark.parametrize("backend", ["auto", "naive"])
+def test_cupy_inputs_on_current_stream(backend):
     cupy = pytest.importorskip("cupy")
     rng = np.random.default_rng(0)
     q, k, v = (cupy.asarray(rng.standard_normal(s).astype(np.float16)) for s in
                [(2, 200, 8, 64), (2, 300, 2, 64), (2, 300, 2, 64)])
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
-        out, lse = waveboost.attention(q, k, v, causal=True, return_lse=True)
+        out, lse = waveboost.attention(q, k, v, causal=True, return_lse=True, backend=backend)
     stream.synchronize()
     assert isinstance(out, cupy.ndarray) and out.dtype == cupy.float16
     tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
