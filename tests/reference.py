@@ -20,6 +20,15 @@ def causal_mask(seqlen_q: int, seqlen_k: int) -> np.ndarray:
     return j <= i + (seqlen_k - seqlen_q)
 
 
+def _heads_expanded(q, k, v, softmax_scale, dtype):
+    """q, k, v in `dtype` with k and v repeated to q's heads (GQA), and the scale (default 1/sqrt(d))."""
+    q, k, v = (np.asarray(x).astype(dtype) for x in (q, k, v))
+    group = q.shape[2] // k.shape[2]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[3])
+    return q, np.repeat(k, group, axis=2), np.repeat(v, group, axis=2), softmax_scale
+
+
 def attention_ref(q, k, v, causal=False, softmax_scale=None, dtype=np.float64):
     """Attention computed in `dtype` (float64 by default: the reference).
 
@@ -27,16 +36,8 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, dtype=np.float64):
     With dtype=float16 (or float32) it is the plain same-dtype implementation
     whose error bounds what a half-precision kernel may be allowed.
     """
-    q = np.asarray(q).astype(dtype)
-    k = np.asarray(k).astype(dtype)
-    v = np.asarray(v).astype(dtype)
-    b, lq, h, d = q.shape
-    lk, hkv = k.shape[1], k.shape[2]
-    group = h // hkv
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
-    k = np.repeat(k, group, axis=2)
-    v = np.repeat(v, group, axis=2)
+    q, k, v, softmax_scale = _heads_expanded(q, k, v, softmax_scale, dtype)
+    lq, lk = q.shape[1], k.shape[1]
     s = np.einsum("bqhd,bkhd->bhqk", q, k).astype(dtype) * dtype(softmax_scale)
     if causal:
         s = np.where(causal_mask(lq, lk)[None, None], s, -np.inf)
@@ -92,16 +93,8 @@ def attention_ref_ieee(q, k, v, causal=False, softmax_scale=None):
         treat those as unspecified.
     Returns (out, lse) in float64: (B, Lq, H, D), (B, H, Lq).
     """
-    q = np.asarray(q).astype(np.float64)
-    k = np.asarray(k).astype(np.float64)
-    v = np.asarray(v).astype(np.float64)
-    b, lq, h, d = q.shape
-    lk, hkv = k.shape[1], k.shape[2]
-    group = h // hkv
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
-    k = np.repeat(k, group, axis=2)
-    v = np.repeat(v, group, axis=2)
+    q, k, v, softmax_scale = _heads_expanded(q, k, v, softmax_scale, np.float64)
+    lq, lk = q.shape[1], k.shape[1]
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         s = np.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
         visible = causal_mask(lq, lk) if causal else np.ones((lq, lk), dtype=bool)
