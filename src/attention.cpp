@@ -183,6 +183,22 @@ Status validate(const AttentionParams& p) {
   return Status::Ok();
 }
 
+namespace {
+// Whether the tensor-core paths' grid (one block per 128 query rows of each batch and head)
+// has at most one block per multiprocessor of the device.
+bool fits_one_wave(const AttentionParams& p) {
+#ifdef WAVEBOOST_WITH_CUDA
+  int sms = 0;
+  if (!cuda::multiprocessor_count(p.device_id, &sms).ok()) return false;
+  const int64_t blocks = p.batch * p.heads * ((p.seqlen_q + 127) / 128);
+  return blocks <= sms;
+#else
+  (void)p;
+  return false;
+#endif
+}
+}  // namespace
+
 Backend select_backend(const AttentionParams& p) {
   if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
   // On CUDA at the specialized head dims: mma (tensor cores; fp32 through 3xTF32) is
@@ -193,8 +209,10 @@ Backend select_backend(const AttentionParams& p) {
   const bool specialized = p.head_dim == 64 || p.head_dim == 128;
   // Hopper: wgmma is 1.14-1.51x FlashAttention-2 at head dim 128 (FA2 grid, H100), and at
   // head dim 64 1.17-1.23x for seqlen >= 4096 but 2-3% behind mma at 1024, where its
-  // 128-key tiles and one block per SM leave less to overlap.
-  const bool wgmma_wins = p.head_dim == 128 || p.seqlen_k >= 2048;
+  // 128-key tiles and one block per SM leave less to overlap. That overlap needs a second
+  // block per SM: on a grid of at most one block per SM, wgmma is 1.06-1.3x mma at any
+  // seqlen (benchmarks/small_grid_sweep.py).
+  const bool wgmma_wins = p.head_dim == 128 || p.seqlen_k >= 2048 || fits_one_wave(p);
   if (specialized && p.dtype != DType::kFloat32 && wgmma_wins && can_implement(p, Backend::kWgmma).ok())
     return Backend::kWgmma;
   if (specialized && can_implement(p, Backend::kMma).ok()) return Backend::kMma;

@@ -123,14 +123,16 @@ def test_half_only_paths_refuse_fp32(path):
 
 
 @pytest.mark.parametrize(
-    "dname,d,lk,expected",
-    [("fp16", 64, 8, "mma"), ("fp16", 64, 4096, "wgmma"), ("bf16", 128, 8, "wgmma"), ("fp32", 128, 8, "mma"),
-     ("fp16", 80, 8, "naive")],
+    "dname,d,b,h,lq,lk,expected",
+    [("fp16", 64, 8, 64, 512, 512, "mma"),  # 2048 blocks of 128 query rows: more than one per SM
+     ("fp16", 64, 1, 2, 8, 8, "wgmma"),  # 2 blocks: a fraction of one wave
+     ("fp16", 64, 8, 64, 128, 4096, "wgmma"), ("bf16", 128, 8, 64, 512, 512, "wgmma"),
+     ("fp32", 128, 1, 2, 8, 8, "mma"), ("fp16", 80, 1, 2, 8, 8, "naive")],
 )
-def test_auto_rule(dname, d, lk, expected):
+def test_auto_rule(dname, d, b, h, lq, lk, expected):
     if expected == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
         expected = "mma"  # wgmma runs on compute capability 9.0 only
-    q, k, v = random_qkv(1, 8, lk, 2, 2, d, DTYPES[dname])
+    q, k, v = random_qkv(b, lq, lk, h, 2, d, DTYPES[dname])
     assert waveboost.resolve_backend(q, k, v) == expected
     out = waveboost.attention(q, k, v)
     torch.testing.assert_close(out, waveboost.attention(q, k, v, backend=expected), rtol=0, atol=0)

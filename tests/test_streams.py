@@ -103,19 +103,32 @@ def test_two_streams_concurrent_with_a_third(backend):
     torch.cuda.synchronize()
 
     first, second, third = (torch.cuda.Stream() for _ in range(3))
+
+    def enqueue_calls(sleep):
+        results = []
+        for stream, qkv in zip((first, second), cases):
+            with torch.cuda.stream(stream):
+                inputs = [torch.full_like(t, float("nan")) for t in qkv]
+                torch.cuda._sleep(sleep)
+                for buffer, value in zip(inputs, qkv):
+                    buffer.copy_(value)  # the inputs hold their values only after the sleep, in this stream's order
+                results.append(waveboost.attention(*inputs, causal=True, return_lse=True, backend=backend))
+                results.append(wbt.attention(*inputs, causal=True, return_lse=True, backend=backend))  # the custom op
+        return results
+
+    # A rehearsal fills torch's caching allocator for these streams: a stream's first allocations
+    # call cudaMalloc, which may wait for the device and would stall the host behind the third stream.
+    enqueue_calls(1000)
+    with torch.cuda.stream(third):
+        rehearsal = torch.randn(2048, 2048, device="cuda")
+        rehearsal @ rehearsal
+    del rehearsal
+    torch.cuda.synchronize()
     with torch.cuda.stream(third):  # unrelated work on a third stream
         torch.cuda._sleep(LONG_SLEEP)
         busy = torch.randn(2048, 2048, device="cuda")
         busy = busy @ busy
-    results = []
-    for stream, qkv in zip((first, second), cases):
-        with torch.cuda.stream(stream):
-            inputs = [torch.full_like(t, float("nan")) for t in qkv]
-            torch.cuda._sleep(SHORT_SLEEP)
-            for buffer, value in zip(inputs, qkv):
-                buffer.copy_(value)  # the inputs hold their values only after the sleep, in this stream's order
-            results.append(waveboost.attention(*inputs, causal=True, return_lse=True, backend=backend))
-            results.append(wbt.attention(*inputs, causal=True, return_lse=True, backend=backend))  # the custom op
+    results = enqueue_calls(SHORT_SLEEP)
 
     assert not (first.query() or second.query() or third.query()), (
         "the host waited for GPU work: something synchronized the device or a stream")

@@ -57,6 +57,20 @@ def test_op_accepts_bhsd_views_and_scale_cpu():
     _check_vs_reference(out, lse, q, k, v, False, scale=0.3)
 
 
+def test_plain_attention_takes_tensor_views_torch_can_export_wrongly():
+    # Tensors reach the module as DLPack capsules from torch's exporter, which hands over a lazily
+    # negated view's storage without its negation, and cannot export sparse tensors at all.
+    q, k, v = _qkv(1, 11, 13, 4, 2, 16)
+    out = waveboost.attention(torch._neg_view(q), k, torch._neg_view(v), backend="cpu")
+    assert torch.equal(out, waveboost.attention(-q, k, -v, backend="cpu"))
+    k_grad = k.clone().requires_grad_()
+    assert torch.equal(waveboost.attention(q, k_grad, v, backend="cpu"), waveboost.attention(q, k, v, backend="cpu"))
+    with pytest.raises(ValueError, match=r"k must be a dense \(strided\) tensor; got layout torch.sparse_coo"):
+        waveboost.attention(q, k.to_sparse(), v)
+    with pytest.raises(ValueError, match=r"out must be a plain tensor; got a lazily negated view"):
+        waveboost.attention(q, k, v, out=torch._neg_view(torch.empty_like(q)))
+
+
 @pytest.mark.parametrize(
     "dtype,causal,scale,backend",
     [(torch.float64, True, None, "auto"), (torch.float32, False, 0.25, "cpu"), (torch.float32, True, None, "cpu")],

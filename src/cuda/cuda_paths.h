@@ -25,4 +25,7 @@ Status wgmma_forward(const AttentionParams& params, void* stream);
 // Compute capability (major * 10 + minor) of a device, or a CUDA error.
 Status compute_capability(int device_id, int* cc);
 
+// Number of streaming multiprocessors of a device, or a CUDA error.
+Status multiprocessor_count(int device_id, int* sms);
+
 }  // namespace waveboost::cuda

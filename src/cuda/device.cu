@@ -7,28 +7,45 @@
 namespace waveboost::cuda {
 
 namespace {
-// Compute capability per ordinal, cached lock-free: 0 = not yet queried. A device's
-// capability never changes, so racing first queries store the same value.
+// Device attributes per ordinal, cached lock-free: 0 = not yet queried. They never
+// change, so racing first queries store the same value.
 constexpr int kCachedDevices = 64;
 std::atomic<int> g_compute_capability[kCachedDevices];
-}  // namespace
+std::atomic<int> g_multiprocessors[kCachedDevices];
 
-Status compute_capability(int device_id, int* cc) {
+// `cache[device_id]`, filled by `query` on first use.
+template <typename Query>
+Status cached_attribute(std::atomic<int> (&cache)[kCachedDevices], int device_id, int* value, Query query) {
   const bool cacheable = device_id >= 0 && device_id < kCachedDevices;
   if (cacheable) {
-    const int cached = g_compute_capability[device_id].load(std::memory_order_relaxed);
+    const int cached = cache[device_id].load(std::memory_order_relaxed);
     if (cached != 0) {
-      *cc = cached;
+      *value = cached;
       return Status::Ok();
     }
   }
-  int major = 0;
-  int minor = 0;
-  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id));
-  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id));
-  *cc = major * 10 + minor;
-  if (cacheable) g_compute_capability[device_id].store(*cc, std::memory_order_relaxed);
+  if (Status s = query(value); !s.ok()) return s;
+  if (cacheable) cache[device_id].store(*value, std::memory_order_relaxed);
   return Status::Ok();
+}
+}  // namespace
+
+Status compute_capability(int device_id, int* cc) {
+  return cached_attribute(g_compute_capability, device_id, cc, [device_id](int* value) {
+    int major = 0;
+    int minor = 0;
+    WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id));
+    WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id));
+    *value = major * 10 + minor;
+    return Status::Ok();
+  });
+}
+
+Status multiprocessor_count(int device_id, int* sms) {
+  return cached_attribute(g_multiprocessors, device_id, sms, [device_id](int* value) {
+    WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(value, cudaDevAttrMultiProcessorCount, device_id));
+    return Status::Ok();
+  });
 }
 
 }  // namespace waveboost::cuda
