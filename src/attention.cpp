@@ -211,7 +211,8 @@ Backend select_backend(const AttentionParams& p) {
   // head dim 64 1.17-1.23x for seqlen >= 4096 but 2-3% behind mma at 1024, where its
   // 128-key tiles and one block per SM leave less to overlap. That overlap needs a second
   // block per SM: on a grid of at most one block per SM, wgmma is 1.06-1.3x mma at any
-  // seqlen (benchmarks/small_grid_sweep.py).
+  // seqlen, and where that grid leaves most SMs idle it splits the keys (split-KV) to fill
+  // them: 1.6-2.2x mma (benchmarks/small_grid_sweep.py).
   const bool wgmma_wins = p.head_dim == 128 || p.seqlen_k >= 2048 || fits_one_wave(p);
   if (specialized && p.dtype != DType::kFloat32 && wgmma_wins && can_implement(p, Backend::kWgmma).ok())
     return Backend::kWgmma;

@@ -101,6 +101,36 @@ def test_cuda_path_matches_reference(path, dname, d, causal, group, lq, lk):
     run_case(path, dname, d, causal, group, lq, lk)
 
 
+# Small grids with long keys, where wgmma cuts each block's keys into pieces merged by a second
+# kernel (split-KV): (batch, heads, heads_kv, seqlen_q, seqlen_k), with the pieces on an H100.
+SPLIT_SHAPES = [
+    (1, 8, 1, 1, 5000, "decoding, MQA: 8 blocks x 14 pieces of 3 tiles"),
+    (1, 2, 1, 300, 1000, "GQA: 6 blocks x 8 pieces of 1 tile"),
+    (1, 1, 1, 1100, 900, "Lq > Lk: causal leaves rows with no key; 9 blocks x 8 pieces"),
+    (2, 4, 2, 129, 4097, "16 blocks x 7 pieces of up to 5 tiles, the last tile of one key"),
+    (1, 1, 1, 1, 769, "one row, 7 pieces, the last of one key"),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dname", ["fp16", "bf16"])
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=[s[-1].split(":")[0] for s in SPLIT_SHAPES])
+def test_wgmma_split_kv_matches_reference(shape, dname, d, causal):
+    b, h, hkv, lq, lk, _ = shape
+    q, k, v = random_qkv(b, lq, lk, h, hkv, d, DTYPES[dname])
+    try:
+        waveboost.resolve_backend(q, k, v, backend="wgmma")
+    except ValueError as e:
+        pytest.skip(f"backend 'wgmma' cannot run on this GPU: {e}")
+    out = torch.full_like(q, float("nan"))
+    poison_allocator(b * h * lq * 4)
+    _, lse = waveboost.attention(q, k, v, causal=causal, out=out, return_lse=True, backend="wgmma")
+    torch.cuda.synchronize()
+    check_against_reference(out, lse, q, k, v, causal, 1 / math.sqrt(d), dname)
+    assert torch.equal(waveboost.attention(q, k, v, causal=causal, backend="wgmma"), out), "not deterministic"
+
+
 @pytest.mark.parametrize("d", [1, 32, 80, 96, 256])
 @pytest.mark.parametrize("dname", ["fp16", "bf16", "fp32"])
 def test_naive_any_head_dim(d, dname):

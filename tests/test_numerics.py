@@ -62,6 +62,8 @@ def _check_nonfinite(out, lse, ref, ref_lse, atol, unspecified=None):
 
 # Non-finite cases: (B=2, Lq=37, Lk=53, H=4, Hkv=2). Under causal, query i sees keys j <= i + 16.
 NF_SHAPE = (2, 37, 53, 4, 2)
+# Keys over 6 tiles of 128 on a grid of 8 blocks: the wgmma path splits the keys (split-KV).
+NF_SPLIT_SHAPE = (2, 37, 653, 4, 2)
 NF_CASES = ["nan_q", "nan_k", "nan_v", "inf_v", "neg_inf_row", "pos_inf_row"]
 
 
@@ -76,14 +78,16 @@ def _poison(case, q, k, v, causal):
     unspecified = None
     if case == "nan_q":
         q[1, 5, 3, 2] = np.nan
-    elif case == "nan_k":
-        k[1, 40, 1, 3] = np.nan  # query heads 2, 3 of batch 1; causal: rows >= 24 see key 40
+    # Key lk - 13 (40 in NF_SHAPE); causal: rows >= lq - 13 see it (24 in NF_SHAPE).
+    key, first_row = lk - 13, lq - 13
+    if case == "nan_k":
+        k[1, key, 1, 3] = np.nan  # query heads 2, 3 of batch 1
     elif case in ("nan_v", "inf_v"):
-        v[1, 40, 1, 7] = np.nan if case == "nan_v" else np.inf
-        # Rows that do not see key 40 (causal: rows < 24) may get NaN in column 7 (0 * NaN in P V).
+        v[1, key, 1, 7] = np.nan if case == "nan_v" else np.inf
+        # Rows that do not see the key may get NaN in column 7 (0 * NaN in P V).
         unspecified = np.zeros((b, lq, h, d), bool)
         if causal:
-            unspecified[1, :24, group * 1 : group * 2, 7] = True
+            unspecified[1, :first_row, group * 1 : group * 2, 7] = True
     elif case in ("neg_inf_row", "pos_inf_row"):
         # q row [+-inf, 0, ...] against keys whose first element is positive: every score is +-inf.
         k[1, :, 0, 0] = np.abs(k[1, :, 0, 0]) + 0.25
@@ -238,13 +242,14 @@ def test_gpu_fp16_inputs_near_the_top_of_the_range(path, scale_kind, d, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [NF_SHAPE, NF_SPLIT_SHAPE], ids=["short", "split"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", NF_CASES)
 @pytest.mark.parametrize("path,dname", GPU_PATH_DTYPES, ids=GPU_IDS)
-def test_gpu_nonfinite_inputs_propagate(path, dname, case, causal):
+def test_gpu_nonfinite_inputs_propagate(path, dname, case, causal, shape):
     torch = _torch()
     _require_path(path)
-    b, lq, lk, h, hkv = NF_SHAPE
+    b, lq, lk, h, hkv = shape
     rng = np.random.default_rng(3)
     q, k, v = random_qkv(rng, b, lq, lk, h, hkv, 64, np.float32)
     unspecified = _poison(case, q, k, v, causal)

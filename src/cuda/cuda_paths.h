@@ -2,6 +2,10 @@
 // (src/attention.cpp). Compiled only when CUDA is enabled (WAVEBOOST_WITH_CUDA).
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
 #include "waveboost/attention.h"
 
 namespace waveboost::cuda {
@@ -27,5 +31,12 @@ Status compute_capability(int device_id, int* cc);
 
 // Number of streaming multiprocessors of a device, or a CUDA error.
 Status multiprocessor_count(int device_id, int* sms);
+
+// A device's pool for kernel workspaces (cudaMallocFromPoolAsync / cudaFreeAsync on the
+// caller's stream), created on first use. Unlike the default pool, which hands its memory back
+// at every synchronization (and then maps it anew, ~50-100 us, on the next call), it keeps up
+// to kWorkspaceRetainBytes of freed workspace for the next call.
+constexpr uint64_t kWorkspaceRetainBytes = uint64_t{32} << 20;
+Status workspace_pool(int device_id, cudaMemPool_t* pool);
 
 }  // namespace waveboost::cuda

@@ -1,5 +1,6 @@
 // Device queries shared by the CUDA paths.
 #include <atomic>
+#include <mutex>
 
 #include "cuda_paths.h"
 #include "waveboost/cuda/common.cuh"
@@ -12,6 +13,8 @@ namespace {
 constexpr int kCachedDevices = 64;
 std::atomic<int> g_compute_capability[kCachedDevices];
 std::atomic<int> g_multiprocessors[kCachedDevices];
+std::mutex g_pool_mutex;
+cudaMemPool_t g_workspace_pools[kCachedDevices];
 
 // `cache[device_id]`, filled by `query` on first use.
 template <typename Query>
@@ -46,6 +49,31 @@ Status multiprocessor_count(int device_id, int* sms) {
     WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(value, cudaDevAttrMultiProcessorCount, device_id));
     return Status::Ok();
   });
+}
+
+Status workspace_pool(int device_id, cudaMemPool_t* pool) {
+  if (device_id < 0 || device_id >= kCachedDevices) {
+    return Status::NotSupported("workspace pools cover CUDA devices 0.." + std::to_string(kCachedDevices - 1) +
+                                "; got device " + std::to_string(device_id));
+  }
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  if (g_workspace_pools[device_id] == nullptr) {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device_id;
+    cudaMemPool_t created = nullptr;
+    WAVEBOOST_CUDA_RETURN(cudaMemPoolCreate(&created, &props));
+    uint64_t threshold = kWorkspaceRetainBytes;
+    if (const cudaError_t err = cudaMemPoolSetAttribute(created, cudaMemPoolAttrReleaseThreshold, &threshold);
+        err != cudaSuccess) {
+      cudaMemPoolDestroy(created);
+      return cuda_status(err, "cudaMemPoolSetAttribute(cudaMemPoolAttrReleaseThreshold)");
+    }
+    g_workspace_pools[device_id] = created;
+  }
+  *pool = g_workspace_pools[device_id];
+  return Status::Ok();
 }
 
 }  // namespace waveboost::cuda

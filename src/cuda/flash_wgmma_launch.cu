@@ -13,10 +13,10 @@ namespace waveboost::cuda {
 
 #ifdef WAVEBOOST_WITH_SM90A
 // Defined in src/cuda/sm90/flash_wgmma_hdim{64,128}_{fp16,bf16}.cu.
-Status launch_flash_wgmma_hdim64_fp16(const AttentionParams& p, cudaStream_t stream);
-Status launch_flash_wgmma_hdim128_fp16(const AttentionParams& p, cudaStream_t stream);
-Status launch_flash_wgmma_hdim64_bf16(const AttentionParams& p, cudaStream_t stream);
-Status launch_flash_wgmma_hdim128_bf16(const AttentionParams& p, cudaStream_t stream);
+Status launch_flash_wgmma_hdim64_fp16(const AttentionParams& p, const SplitKV& split, cudaStream_t stream);
+Status launch_flash_wgmma_hdim128_fp16(const AttentionParams& p, const SplitKV& split, cudaStream_t stream);
+Status launch_flash_wgmma_hdim64_bf16(const AttentionParams& p, const SplitKV& split, cudaStream_t stream);
+Status launch_flash_wgmma_hdim128_bf16(const AttentionParams& p, const SplitKV& split, cudaStream_t stream);
 int flash_wgmma_hdim64_fp16_smem_bytes();
 int flash_wgmma_hdim128_fp16_smem_bytes();
 int flash_wgmma_hdim64_bf16_smem_bytes();
@@ -104,26 +104,57 @@ Status wgmma_can_implement(const AttentionParams& p) {
   return Status::Ok();
 }
 
-Status wgmma_forward(const AttentionParams& p, void* stream) {
-  DeviceGuard guard(p.device_id);
-  if (!guard.status().ok()) return guard.status();
-  const auto s = static_cast<cudaStream_t>(stream);
+namespace {
+Status launch(const AttentionParams& p, const SplitKV& split, cudaStream_t s) {
   switch (p.dtype) {
     case DType::kFloat16:
       switch (p.head_dim) {
-        case 64: return launch_flash_wgmma_hdim64_fp16(p, s);
-        case 128: return launch_flash_wgmma_hdim128_fp16(p, s);
+        case 64: return launch_flash_wgmma_hdim64_fp16(p, split, s);
+        case 128: return launch_flash_wgmma_hdim128_fp16(p, split, s);
         default: return unsupported_head_dim(p);
       }
     case DType::kBFloat16:
       switch (p.head_dim) {
-        case 64: return launch_flash_wgmma_hdim64_bf16(p, s);
-        case 128: return launch_flash_wgmma_hdim128_bf16(p, s);
+        case 64: return launch_flash_wgmma_hdim64_bf16(p, split, s);
+        case 128: return launch_flash_wgmma_hdim128_bf16(p, split, s);
         default: return unsupported_head_dim(p);
       }
     default:
       return unsupported_dtype(p);
   }
+}
+}  // namespace
+
+Status wgmma_forward(const AttentionParams& p, void* stream) {
+  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
+  DeviceGuard guard(p.device_id);
+  if (!guard.status().ok()) return guard.status();
+  const auto s = static_cast<cudaStream_t>(stream);
+
+  // Blocks of 128 query rows x 128-key tiles (FlashWgmmaTraits::kBlockM and kBlockN).
+  int multiprocessors = 0;
+  if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
+  SplitKV split = split_kv_pieces(p.batch * p.heads * ((p.seqlen_q + 127) / 128), (p.seqlen_k + 127) / 128,
+                                  multiprocessors);
+  if (split.num_splits == 1) return launch(p, split, s);
+
+  // The pieces: num_splits x blocks <= SMs, so at most 128 x SMs rows of head_dim + 1 floats
+  // (8.7 MB on an H100 at head dim 128), which the workspace pool keeps between calls.
+  const size_t floats = static_cast<size_t>(split.num_splits * p.batch * p.heads * p.seqlen_q);
+  const size_t bytes = floats * (p.head_dim + 1) * sizeof(float);
+  cudaMemPool_t pool = nullptr;
+  if (Status st = workspace_pool(p.device_id, &pool); !st.ok()) return st;
+  void* workspace = nullptr;
+  if (const cudaError_t err = cudaMallocFromPoolAsync(&workspace, bytes, pool, s); err != cudaSuccess) {
+    cudaGetLastError();  // an out-of-memory here must not be reported again by the next unrelated check
+    return cuda_status(err, ("cudaMallocFromPoolAsync of the wgmma split-KV workspace (" + std::to_string(bytes) +
+                             " bytes)").c_str());
+  }
+  split.o_accum = static_cast<float*>(workspace);
+  split.lse_accum = split.o_accum + floats * p.head_dim;
+  const Status status = launch(p, split, s);
+  const Status freed = cuda_status(cudaFreeAsync(workspace, s), "cudaFreeAsync of the wgmma split-KV workspace");
+  return status.ok() ? freed : status;
 }
 
 #else  // no sm_90a objects in this build

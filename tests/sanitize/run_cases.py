@@ -4,7 +4,8 @@ Every CUDA path (naive, simt, wmma, mma) with each dtype it supports, head dims 
 non-specialized one on naive), causal and not, sequence tails on both sides, GQA/MQA, rows that see no
 key, seqlen_k = 0, BHSD storage seen through transposes, and unaligned views (data pointer not 16-byte
 aligned, odd strides) on the paths that take them. mma's float32 kernel (3xTF32) and wgmma (compute
-capability 9.0 only: skipped elsewhere) get a few calls each covering the same features. Shapes are tiny
+capability 9.0 only: skipped elsewhere) get a few calls each covering the same features, and wgmma's
+split-KV route (small grid, long keys) two more. Shapes are tiny
 so racecheck and initcheck finish.
 
 Outputs come from torch.empty (uninitialized) and are read afterwards, so an element a kernel fails to
@@ -52,6 +53,9 @@ def cases():
             ("mma", "fp32", SHAPE_A, 128, False, "unaligned")]
     out += [("wgmma", "fp16", SHAPE_A, 128, True, "contiguous"), ("wgmma", "bf16", SHAPE_B, 64, True, "contiguous"),
             ("wgmma", "fp16", SHAPE_A, 64, False, "bhsd")]
+    # wgmma's split-KV (small grids, long keys): pieces with tails and empty causal rows, and the merge.
+    out += [("wgmma", "fp16", (1, 200, 700, 2, 1), 128, True, "contiguous"),
+            ("wgmma", "bf16", (2, 37, 653, 4, 2), 64, False, "bhsd")]
     return out
 
 

@@ -86,6 +86,35 @@ inline Status folded_grid_check(const AttentionParams& p, int64_t block_m, const
                               " and seqlen_q " + std::to_string(p.seqlen_q));
 }
 
+/// \brief Split-KV: a small grid's key range cut into pieces run by blocks of their own.
+/// With num_splits > 1, block (m, split) covers key tiles [split, split + 1) * tiles_per_split
+/// of query block m and writes O / l (fp32) and LSE to the workspace; a second kernel merges
+/// the pieces. num_splits == 1 is the plain kernel.
+struct SplitKV {
+  int num_splits = 1;
+  int tiles_per_split = 0x3fffffff;
+  float* o_accum = nullptr;    // [num_splits][batch * heads][seqlen_q][head_dim]
+  float* lse_accum = nullptr;  // [num_splits][batch * heads][seqlen_q]
+};
+
+/// \brief Pieces to cut each block's keys into, for a grid of `blocks` blocks at one per SM:
+/// as many as fill the GPU (at most 32, each of at least one tile, none left empty) when the
+/// plain grid leaves over half of it idle, and only if the longest piece is more than 4 tiles
+/// shorter than the whole: on an H100 (wgmma, benchmarks/small_grid_sweep.py) smaller savings
+/// were eaten by the merge kernel and the fuller grid.
+inline SplitKV split_kv_pieces(int64_t blocks, int64_t key_tiles, int multiprocessors) {
+  SplitKV split;
+  if (blocks <= 0 || 2 * blocks > multiprocessors) return split;
+  int64_t pieces = multiprocessors / blocks;
+  pieces = pieces < key_tiles ? pieces : key_tiles;
+  pieces = pieces < 32 ? pieces : 32;
+  const int64_t per_piece = pieces > 0 ? (key_tiles + pieces - 1) / pieces : key_tiles;
+  if (key_tiles - per_piece <= 4) return split;
+  split.num_splits = static_cast<int>((key_tiles + per_piece - 1) / per_piece);
+  split.tiles_per_split = static_cast<int>(per_piece);
+  return split;
+}
+
 // Makes params.device_id current for the scope and restores the caller's device.
 class DeviceGuard {
  public:

@@ -289,8 +289,10 @@ __device__ __forceinline__ void rescale(float (&o)[Traits::kOutRegs], const floa
 // One block: kBlockM query rows of one (batch, head)
 // ----------------------------------------------------------------------------
 
-template <typename Traits, bool kCausal>
-__device__ __forceinline__ void attend_block(const AttentionParams& p) {
+// kSplit: the block runs one piece of its keys (SplitKV) and writes it to the workspace; the
+// plain kernel (kSplit false) compiles with no trace of the split.
+template <typename Traits, bool kCausal, bool kSplit>
+__device__ __forceinline__ void attend_block(const AttentionParams& p, const SplitKV& split) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -316,8 +318,12 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   const int64_t b = bh / p.heads;
   const int64_t h = bh % p.heads;
   const int64_t h_kv = h / (p.heads / p.heads_kv);
-  // Causal: the last query blocks see the most keys; launching them first shortens the grid's tail.
-  const int64_t m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  // blockIdx.x = query block * num_splits + split. Causal: the last query blocks see the most
+  // keys; launching them first shortens the grid's tail.
+  const int num_splits = kSplit ? split.num_splits : 1;
+  const int split_index = kSplit ? blockIdx.x % num_splits : 0;
+  const int m_index = kSplit ? blockIdx.x / num_splits : blockIdx.x;
+  const int64_t m_block = kCausal ? gridDim.x / num_splits - 1 - m_index : m_index;
   const int64_t m0 = m_block * kBlockM;
   const int64_t block_rows = min(static_cast<int64_t>(kBlockM), p.seqlen_q - m0);
 
@@ -327,6 +333,10 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   // Tile counts fit int: 2^31 tiles of 128 keys would be 2^38 keys of one sequence.
   const int n_tiles = static_cast<int>((key_end + kBlockN - 1) / kBlockN);
   const int n_unmasked = static_cast<int>(shared_keys / kBlockN);  // tiles [0, n_unmasked) need no mask
+  // This block's key tiles: [tile_begin, tile_end), visited last to first.
+  const int tile_begin = kSplit ? min(n_tiles, split_index * split.tiles_per_split) : 0;
+  const int tile_end = kSplit ? min(n_tiles - tile_begin, split.tiles_per_split) + tile_begin : n_tiles;
+  const int n_visits = tile_end - tile_begin;
 
   const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride;
   const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
@@ -341,10 +351,10 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
 
-  if (n_tiles > 0) {  // otherwise every row sees no key: the epilogue writes zeros
+  if (n_visits > 0) {  // otherwise every row sees no key here: the epilogue writes zeros
     load_tile<Traits, kBlockM, true>(q_tile, q, p.q_row_stride, block_rows);
-    load_tile<Traits, kBlockN, true>(k_tile, k + (n_tiles - 1) * int64_t{kBlockN} * p.k_row_stride, p.k_row_stride,
-                                     p.seqlen_k - (n_tiles - 1) * int64_t{kBlockN});
+    load_tile<Traits, kBlockN, true>(k_tile, k + (tile_end - 1) * int64_t{kBlockN} * p.k_row_stride, p.k_row_stride,
+                                     p.seqlen_k - (tile_end - 1) * int64_t{kBlockN});
     mma::commit_copies();
 
     // softmax(c S) with c < 0 is softmax(|c| (-Q) K^T): Q's sign bits are flipped once
@@ -363,7 +373,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
 
     uint32_t p_prev[Traits::kKeySlices][4];  // P(i-1), the A operand of the product in flight in tile i
 
-    // Tile i of the visit order is key tile j = n_tiles - 1 - i, in K/V buffer i % 2.
+    // Tile i of the visit order is key tile j = tile_end - 1 - i, in K/V buffer i % 2.
     // kMasked (a std::bool_constant) selects the tail / diagonal variant, so the unmasked
     // loop carries neither the mask nor the bounds of a partial tile. kFirst: tile 0, which
     // has no product in flight (and always takes the masked variant, correct for any tile).
@@ -372,7 +382,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
     const auto attend_key_tile = [&](const int i, auto masked, auto first) {
       constexpr bool kMasked = decltype(masked)::value;
       constexpr bool kFirst = decltype(first)::value;
-      const int j = n_tiles - 1 - i;
+      const int j = tile_end - 1 - i;
       const int64_t n0 = static_cast<int64_t>(j) * kBlockN;
       const int stage = i % 2;
 
@@ -382,7 +392,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
       if (kFirst && negate_q) negate_own_q_chunks<Traits>(q_smem);
       wgmma::fence_proxy_async();
       __syncthreads();
-      if (j > 0) {
+      if (j > tile_begin) {
         load_tile<Traits, kBlockN, false>(k_tile + (1 - stage) * Traits::kKVTileBytes,
                                           k + (n0 - kBlockN) * p.k_row_stride, p.k_row_stride, kBlockN);
       }
@@ -445,8 +455,8 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
 
     attend_key_tile(0, std::true_type{}, std::true_type{});
     int i = 1;
-    for (; i < n_tiles - n_unmasked; ++i) attend_key_tile(i, std::true_type{}, std::false_type{});
-    for (; i < n_tiles; ++i) attend_key_tile(i, std::false_type{}, std::false_type{});
+    for (; i < min(n_visits, tile_end - n_unmasked); ++i) attend_key_tile(i, std::true_type{}, std::false_type{});
+    for (; i < n_visits; ++i) attend_key_tile(i, std::false_type{}, std::false_type{});
 
     // The last product, P(n-1) V(n-1), once V(n-1) has landed.
     mma::wait_copies<0>();
@@ -455,7 +465,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
     wgmma::fence_operands(o);
     wgmma::fence_operands(p_prev);
     wgmma::fence();
-    issue_pv<Traits>(o, p_prev, wgmma::advance(v_desc, ((n_tiles - 1) % 2) * Traits::kKVTileBytes));
+    issue_pv<Traits>(o, p_prev, wgmma::advance(v_desc, ((n_visits - 1) % 2) * Traits::kKVTileBytes));
     wgmma::commit_group();
     wgmma::wait_group<0>();
     wgmma::fence_operands(o);
@@ -464,14 +474,36 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   // Epilogue. O /= l; a row that saw no key (or only -inf scores) has l = 0 and O = 0 and
   // stays 0 with LSE -inf. A NaN l (NaN or +inf scores) makes O and LSE NaN.
   float inv_sum[2];
+  float lse[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const float sum = quad_sum(row_sum[half]);
     inv_sum[half] = sum == 0.f ? 0.f : 1.f / sum;
+    lse[half] = sum == 0.f ? -INFINITY : row_max[half] * kLn2 + logf(sum);
+  }
+
+  if constexpr (kSplit) {
+    // One piece of a split row: O / l in fp32 and the piece's LSE, for the merge kernel.
+    const int64_t piece = (static_cast<int64_t>(split_index) * p.batch * p.heads + bh) * p.seqlen_q;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t row = warp_m0 + g + 8 * half;
+      if (row >= p.seqlen_q) continue;
+      if (t == 0) split.lse_accum[piece + row] = lse[half];
+      float* o_row = split.o_accum + (piece + row) * Traits::kHeadDim;
+#pragma unroll
+      for (int dt = 0; dt < Traits::kChunksPerRow; ++dt) {
+        *reinterpret_cast<float2*>(o_row + dt * Traits::kChunk + 2 * t) =
+            make_float2(o[4 * dt + 2 * half] * inv_sum[half], o[4 * dt + 2 * half + 1] * inv_sum[half]);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
     const int64_t row = warp_m0 + g + 8 * half;
     if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
-      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row] =
-          sum == 0.f ? -INFINITY : row_max[half] * kLn2 + logf(sum);
+      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row] = lse[half];
     }
   }
 
@@ -502,40 +534,105 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   }
 }
 
+// Merge of split-KV pieces, kHeadDim / 4 threads per row, 4 columns each: with piece LSEs
+// l_s and L = log sum_s exp(l_s), O = sum_s exp(l_s - L) O_s and LSE = L. A row no piece saw
+// a key of (every l_s = -inf) gets O = 0 and LSE -inf; a NaN piece makes the row NaN, as the
+// unsplit kernel's NaN row sum does.
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void merge_row_pieces(const AttentionParams& p, const SplitKV& split) {
+  constexpr int kThreadsPerRow = kHeadDim / 4;
+  constexpr int kRowsPerBlock = 256 / kThreadsPerRow;
+  const int64_t rows = p.batch * p.heads * p.seqlen_q;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreadsPerRow;
+  if (row >= rows) return;
+  const int col = (threadIdx.x % kThreadsPerRow) * 4;
+
+  float max_lse = -INFINITY;
+  bool nan = false;
+  for (int s = 0; s < split.num_splits; ++s) {
+    const float l = split.lse_accum[s * rows + row];
+    nan |= isnan(l);
+    max_lse = fmaxf(max_lse, l);
+  }
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float lse = -INFINITY;
+  if (nan) {
+    lse = NAN;
+    acc = make_float4(NAN, NAN, NAN, NAN);
+  } else if (max_lse != -INFINITY) {
+    float total = 0.f;
+    for (int s = 0; s < split.num_splits; ++s) total += expf(split.lse_accum[s * rows + row] - max_lse);
+    const float inv_total = 1.f / total;
+    for (int s = 0; s < split.num_splits; ++s) {
+      const float w = expf(split.lse_accum[s * rows + row] - max_lse) * inv_total;
+      if (w == 0.f) continue;  // a piece that saw no key holds zeros
+      const float4 o = *reinterpret_cast<const float4*>(split.o_accum + (s * rows + row) * kHeadDim + col);
+      acc.x += w * o.x;
+      acc.y += w * o.y;
+      acc.z += w * o.z;
+      acc.w += w * o.w;
+    }
+    lse = max_lse + logf(total);
+  }
+  const int64_t bh = row / p.seqlen_q;
+  const int64_t r = row % p.seqlen_q;
+  const int64_t b = bh / p.heads;
+  const int64_t h = bh % p.heads;
+  Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride + r * p.o_row_stride + col;
+  *reinterpret_cast<uint2*>(out) = make_uint2(mma::pack_pair<Element>(acc.x, acc.y), mma::pack_pair<Element>(acc.z, acc.w));
+  if (p.lse != nullptr && col == 0) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + r] = lse;
+}
+
 }  // namespace flash_wgmma
 
-/// \brief Flash attention forward on wgmma; grid (query blocks, batch*heads folded over y and z).
-/// One block of two warpgroups per SM (shared memory and registers both say so).
-template <typename Element, int kHeadDim, bool kCausal>
+/// \brief Flash attention forward on wgmma; grid (query blocks x splits, batch*heads folded
+/// over y and z). One block of two warpgroups per SM (shared memory and registers both say so).
+template <typename Element, int kHeadDim, bool kCausal, bool kSplit>
 __global__ void __launch_bounds__(FlashWgmmaTraits<Element, kHeadDim>::kThreads, 1)
-    flash_wgmma_kernel(const __grid_constant__ AttentionParams p) {
-  flash_wgmma::attend_block<FlashWgmmaTraits<Element, kHeadDim>, kCausal>(p);
+    flash_wgmma_kernel(const __grid_constant__ AttentionParams p, const SplitKV split) {
+  flash_wgmma::attend_block<FlashWgmmaTraits<Element, kHeadDim>, kCausal, kSplit>(p, split);
+}
+
+/// \brief Merges split-KV pieces into out and lse; 256 threads, 1024 / kHeadDim rows per block.
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(256) flash_wgmma_merge_kernel(const __grid_constant__ AttentionParams p,
+                                                                const SplitKV split) {
+  flash_wgmma::merge_row_pieces<Element, kHeadDim>(p, split);
 }
 
 template <typename Element, int kHeadDim, bool kCausal>
-Status launch_flash_wgmma_kernel(const AttentionParams& p, cudaStream_t stream) {
+Status launch_flash_wgmma_kernel(const AttentionParams& p, const SplitKV& split, cudaStream_t stream) {
   using Traits = FlashWgmmaTraits<Element, kHeadDim>;
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
   const FoldedGrid g = folded_grid(p, Traits::kBlockM);
-  const auto kernel = flash_wgmma_kernel<Element, kHeadDim, kCausal>;
+  const auto kernel = split.num_splits > 1 ? flash_wgmma_kernel<Element, kHeadDim, kCausal, true>
+                                           : flash_wgmma_kernel<Element, kHeadDim, kCausal, false>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
-  return cuda_status(cudaGetLastError(), "flash_wgmma_kernel launch");
+  const dim3 grid(static_cast<unsigned>(g.x * split.num_splits), static_cast<unsigned>(g.y),
+                  static_cast<unsigned>(g.z));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, split);
+  if (Status s = cuda_status(cudaGetLastError(), "flash_wgmma_kernel launch"); !s.ok() || split.num_splits == 1) return s;
+  constexpr int kRowsPerBlock = 256 / (kHeadDim / 4);
+  const int64_t rows = p.batch * p.heads * p.seqlen_q;
+  flash_wgmma_merge_kernel<Element, kHeadDim>
+      <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 256, 0, stream>>>(p, split);
+  return cuda_status(cudaGetLastError(), "flash_wgmma_merge_kernel launch");
 }
 
-/// \brief Launches the wgmma forward on `stream` (params.device_id must be current).
+/// \brief Launches the wgmma forward on `stream` (params.device_id must be current); with
+/// split.num_splits > 1 (see split_kv_pieces), split.o_accum and split.lse_accum must hold
+/// num_splits * batch * heads * seqlen_q * (head_dim + 1) floats for the pieces.
 template <typename Element, int kHeadDim>
-Status launch_flash_wgmma(const AttentionParams& p, cudaStream_t stream) {
+Status launch_flash_wgmma(const AttentionParams& p, const SplitKV& split, cudaStream_t stream) {
   if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
-  return p.is_causal ? launch_flash_wgmma_kernel<Element, kHeadDim, true>(p, stream)
-                     : launch_flash_wgmma_kernel<Element, kHeadDim, false>(p, stream);
+  return p.is_causal ? launch_flash_wgmma_kernel<Element, kHeadDim, true>(p, split, stream)
+                     : launch_flash_wgmma_kernel<Element, kHeadDim, false>(p, split, stream);
 }
 
-extern template Status launch_flash_wgmma<__half, 64>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_wgmma<__half, 128>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_wgmma<__nv_bfloat16, 64>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_wgmma<__nv_bfloat16, 128>(const AttentionParams&, cudaStream_t);
+extern template Status launch_flash_wgmma<__half, 64>(const AttentionParams&, const SplitKV&, cudaStream_t);
+extern template Status launch_flash_wgmma<__half, 128>(const AttentionParams&, const SplitKV&, cudaStream_t);
+extern template Status launch_flash_wgmma<__nv_bfloat16, 64>(const AttentionParams&, const SplitKV&, cudaStream_t);
+extern template Status launch_flash_wgmma<__nv_bfloat16, 128>(const AttentionParams&, const SplitKV&, cudaStream_t);
 
 }  // namespace waveboost::cuda

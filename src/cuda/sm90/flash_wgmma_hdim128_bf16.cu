@@ -4,10 +4,10 @@
 
 namespace waveboost::cuda {
 
-template Status launch_flash_wgmma<__nv_bfloat16, 128>(const AttentionParams&, cudaStream_t);
+template Status launch_flash_wgmma<__nv_bfloat16, 128>(const AttentionParams&, const SplitKV&, cudaStream_t);
 
-Status launch_flash_wgmma_hdim128_bf16(const AttentionParams& p, cudaStream_t stream) {
-  return launch_flash_wgmma<__nv_bfloat16, 128>(p, stream);
+Status launch_flash_wgmma_hdim128_bf16(const AttentionParams& p, const SplitKV& split, cudaStream_t stream) {
+  return launch_flash_wgmma<__nv_bfloat16, 128>(p, split, stream);
 }
 
 int flash_wgmma_hdim128_bf16_smem_bytes() { return FlashWgmmaTraits<__nv_bfloat16, 128>::kSmemBytes; }

@@ -4,10 +4,10 @@
 
 namespace waveboost::cuda {
 
-template Status launch_flash_wgmma<__half, 64>(const AttentionParams&, cudaStream_t);
+template Status launch_flash_wgmma<__half, 64>(const AttentionParams&, const SplitKV&, cudaStream_t);
 
-Status launch_flash_wgmma_hdim64_fp16(const AttentionParams& p, cudaStream_t stream) {
-  return launch_flash_wgmma<__half, 64>(p, stream);
+Status launch_flash_wgmma_hdim64_fp16(const AttentionParams& p, const SplitKV& split, cudaStream_t stream) {
+  return launch_flash_wgmma<__half, 64>(p, split, stream);
 }
 
 int flash_wgmma_hdim64_fp16_smem_bytes() { return FlashWgmmaTraits<__half, 64>::kSmemBytes; }
