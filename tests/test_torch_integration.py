@@ -285,6 +285,12 @@ def test_second_gpu_index():
     assert out.device == torch.device("cuda:1") and lse.device == torch.device("cuda:1")
     assert torch.equal(out, out_side)
     _check_gpu_result(out, lse, q, k, v, True)
+    # A small grid with long keys: on Hopper, wgmma's split-KV and its workspace pool on device 1.
+    q, k, v = _cuda_qkv(b=1, lq=64, lk=3000, h=2, hkv=1, dtype=torch.float16, device="cuda:1")
+    out, lse = wbt.attention(q, k, v, causal=True, return_lse=True)
+    torch.cuda.synchronize("cuda:1")
+    assert torch.cuda.current_device() == 0
+    _check_gpu_result(out, lse, q, k, v, True)
 
 
 @pytest.mark.gpu
