@@ -9,27 +9,6 @@
 
 namespace waveboost::cuda {
 
-namespace {
-
-std::string cc_string(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
-
-// The kernels move every tile in 16 B pieces (cp.async in, vector stores out): each base
-// pointer must be 16 B aligned and every stride a multiple of `elements_per_16B` elements.
-// A stride of a dimension of extent 1 is never applied and does not count.
-bool vector_friendly(const AttentionParams& p, int64_t elements_per_16B) {
-  const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
-  const auto used = [](int64_t stride, int64_t extent) { return extent > 1 ? stride : int64_t{0}; };
-  const int64_t strides = used(p.q_batch_stride, p.batch) | used(p.q_row_stride, p.seqlen_q) |
-                          used(p.q_head_stride, p.heads) | used(p.o_batch_stride, p.batch) |
-                          used(p.o_row_stride, p.seqlen_q) | used(p.o_head_stride, p.heads) |
-                          used(p.k_batch_stride, p.batch) | used(p.k_row_stride, p.seqlen_k) |
-                          used(p.k_head_stride, p.heads_kv) | used(p.v_batch_stride, p.batch) |
-                          used(p.v_row_stride, p.seqlen_k) | used(p.v_head_stride, p.heads_kv);
-  return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out) && (strides & (elements_per_16B - 1)) == 0;
-}
-
-}  // namespace
-
 Status mma_can_implement(const AttentionParams& p) {
   if (p.device_type != DeviceType::kCUDA) {
     return Status::NotSupported("backend 'mma' runs on CUDA devices; got tensors on the CPU");

@@ -60,8 +60,7 @@ Status simt_can_implement(const AttentionParams& params) {
     if (!status.ok()) return status;
     if (cc < 80) {
       return Status::NotSupported("backend 'simt' supports bfloat16 on compute capability >= 8.0; device " +
-                                  std::to_string(params.device_id) + " is " + std::to_string(cc / 10) + "." +
-                                  std::to_string(cc % 10));
+                                  std::to_string(params.device_id) + " is " + cc_string(cc));
     }
   }
   // kBlockM is 64 in every instantiation.

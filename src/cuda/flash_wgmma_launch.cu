@@ -24,22 +24,6 @@ int flash_wgmma_hdim128_bf16_smem_bytes();
 
 namespace {
 
-std::string cc_string(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
-
-// The kernel moves every tile in 16 B pieces (cp.async in, vector stores out): each base
-// pointer must be 16 B aligned and every stride a multiple of 8 elements. A stride of a
-// dimension of extent 1 is never applied and does not count.
-bool vector_friendly(const AttentionParams& p) {
-  const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
-  const auto used = [](int64_t stride, int64_t extent) { return extent > 1 ? stride : int64_t{0}; };
-  const int64_t strides = used(p.q_batch_stride, p.batch) | used(p.q_row_stride, p.seqlen_q) |
-                          used(p.q_head_stride, p.heads) | used(p.o_batch_stride, p.batch) |
-                          used(p.o_row_stride, p.seqlen_q) | used(p.o_head_stride, p.heads) |
-                          used(p.k_batch_stride, p.batch) | used(p.k_row_stride, p.seqlen_k) |
-                          used(p.k_head_stride, p.heads_kv) | used(p.v_batch_stride, p.batch) |
-                          used(p.v_row_stride, p.seqlen_k) | used(p.v_head_stride, p.heads_kv);
-  return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out) && (strides & 7) == 0;
-}
 
 Status unsupported_dtype(const AttentionParams& p) {
   return Status::NotSupported(std::string("backend 'wgmma' supports float16 and bfloat16; got ") +
@@ -80,7 +64,7 @@ Status wgmma_can_implement(const AttentionParams& p) {
   Status why;
   const int smem_needed = smem_bytes(p, &why);
   if (smem_needed == 0) return why;
-  if (!vector_friendly(p)) {
+  if (!vector_friendly(p, 8)) {
     return Status::NotSupported(
         "backend 'wgmma' needs 16-byte aligned q/k/v/out with strides that are multiples of 8 elements");
   }

@@ -6,10 +6,6 @@
 
 namespace waveboost::cuda {
 
-namespace {
-std::string cc_string(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
-}  // namespace
-
 Status wmma_can_implement(const AttentionParams& p) {
   if (p.device_type != DeviceType::kCUDA) {
     return Status::NotSupported("backend 'wmma' runs on CUDA devices; got tensors on the CPU");

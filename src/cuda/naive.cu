@@ -43,8 +43,7 @@ Status naive_can_implement(const AttentionParams& params) {
     if (!status.ok()) return status;
     if (cc < 80) {
       return Status::NotSupported("backend 'naive' supports bfloat16 on compute capability >= 8.0; device " +
-                                  std::to_string(params.device_id) + " is " + std::to_string(cc / 10) + "." +
-                                  std::to_string(cc % 10));
+                                  std::to_string(params.device_id) + " is " + cc_string(cc));
     }
   }
   return Status::Ok();

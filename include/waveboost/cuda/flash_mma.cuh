@@ -79,8 +79,6 @@ struct FlashMmaTraits {
 
 namespace flash_mma {
 
-constexpr float kLn2 = 0.6931471805599453f;
-
 // Element offset of 16 B chunk `chunk` of row `row` in a swizzled tile with kHeadDim columns.
 template <typename Traits>
 __device__ __forceinline__ int swizzled(int row, int chunk) {
@@ -220,19 +218,6 @@ __device__ __forceinline__ void mask_scores(float (&s)[Traits::kMTiles][Traits::
   }
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-// |c max(S)| from which the warp rounds c S before subtracting the max (softmax_step).
-constexpr float kExactExponentFrom = 16777216.f;  // 2^24: ulp(m) > 1 beyond
-
 // Folds the tile's scores into the running statistics and turns them into P (packed A
 // fragments). row_max is in scaled log2 units; row_sum is this thread's partial sum over its
 // columns (the quad's partials are added once, in the epilogue). Rescales O by
@@ -268,7 +253,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[Traits::kMTiles][Traits:
       for (int nt = 0; nt < Traits::kKeyTiles; ++nt)
         tile_max = fmaxf(tile_max, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
       // scale_log2 > 0, so scaling commutes with the max; -inf stays -inf.
-      const float new_max = fmaxf(row_max[mt][half], quad_max(tile_max) * scale_log2);
+      const float new_max = fmaxf(row_max[mt][half], mma::quad_max(tile_max) * scale_log2);
       // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps
       // exp2(-inf - ...) at 0 rather than NaN.
       const float reference = new_max == -INFINITY ? 0.f : new_max;
@@ -304,7 +289,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[Traits::kMTiles][Traits:
         sum += p0 + p1;
         // Key tile nt fills half (nt % 2) of slice nt / 2: registers a{0,1} for the first
         // 8 keys, a{2,3} for the next; a{0,2} are row g, a{1,3} row g + 8.
-        p[mt][nt / 2][2 * (nt % 2) + half] = mma::pack_pair<Element>(p0, p1);
+        p[mt][nt / 2][2 * (nt % 2) + half] = pack_pair<Element>(p0, p1);
       }
       row_sum[mt][half] = row_sum[mt][half] * alpha[mt][half] + sum;
     }
@@ -343,30 +328,14 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   const int g = lane / 4;  // fragment row group
   const int t = lane % 4;  // thread in the quad
 
-  // batch * heads is folded over gridDim.y and gridDim.z (each capped at 65535).
-  const int64_t bh = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
-  if (bh >= p.batch * p.heads) return;
-  const int64_t b = bh / p.heads;
-  const int64_t h = bh % p.heads;
-  const int64_t h_kv = h / (p.heads / p.heads_kv);
-  // Causal: the last query blocks see the most keys; launching them first shortens the grid's tail.
-  const int64_t m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int64_t m0 = m_block * kBlockM;
-  const int64_t block_rows = min(static_cast<int64_t>(kBlockM), p.seqlen_q - m0);
-
-  // Keys [0, key_end) are seen by some row of the block, [0, shared_keys) by every row.
-  const int64_t key_end = kCausal ? causal_keys_visible(m0 + block_rows - 1, p) : p.seqlen_k;
-  const int64_t shared_keys = kCausal ? causal_keys_visible(m0, p) : p.seqlen_k;
-  // Tile counts fit int: 2^31 tiles of 64 keys would be 2^37 keys of one sequence.
-  const int n_tiles = static_cast<int>((key_end + kBlockN - 1) / kBlockN);
-  const int n_unmasked = static_cast<int>(shared_keys / kBlockN);  // tiles [0, n_unmasked) need no mask
-
-  const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride;
-  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
-  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+  FlashBlock blk;
+  if (!locate_flash_block(p, kCausal, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
+  const Element* q = blk.q_rows<Element>(p);
+  const Element* k = blk.k_rows<Element>(p);
+  const Element* v = blk.v_rows<Element>(p);
 
   // Rows of this thread's accumulators: warp_m0 + 16 mt + 8 half + g.
-  const int64_t warp_m0 = m0 + warp * Traits::kRowsPerWarp;
+  const int64_t warp_m0 = blk.m0 + warp * Traits::kRowsPerWarp;
   float o[kMTiles][Traits::kDimTiles][4];
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
@@ -384,11 +353,11 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
 
-  if (n_tiles > 0) {  // otherwise every row sees no key: the epilogue writes zeros
-    load_tile<Traits, kBlockM, true>(q_tile, q, p.q_row_stride, block_rows);
+  if (blk.n_tiles > 0) {  // otherwise every row sees no key: the epilogue writes zeros
+    load_tile<Traits, kBlockM, true>(q_tile, q, p.q_row_stride, blk.rows);
     mma::commit_copies();
-    load_tile<Traits, kBlockN, true>(k_tile, k + (n_tiles - 1) * kBlockN * p.k_row_stride, p.k_row_stride,
-                                     p.seqlen_k - (n_tiles - 1) * kBlockN);
+    load_tile<Traits, kBlockN, true>(k_tile, k + (blk.n_tiles - 1) * kBlockN * p.k_row_stride, p.k_row_stride,
+                                     p.seqlen_k - (blk.n_tiles - 1) * kBlockN);
     mma::commit_copies();
 
     // softmax(c S) with c < 0 is softmax(|c| (-Q) K^T): each warp flips the sign bits of its
@@ -462,8 +431,8 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
       accumulate_pv<Traits>(o, prob, v_lane);
     };
 
-    int j = static_cast<int>(n_tiles) - 1;
-    for (; j >= n_unmasked; --j) attend_key_tile(j, std::true_type{});
+    int j = blk.n_tiles - 1;
+    for (; j >= blk.n_unmasked; --j) attend_key_tile(j, std::true_type{});
     for (; j >= 0; --j) attend_key_tile(j, std::false_type{});
   }
 
@@ -474,11 +443,11 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float sum = quad_sum(row_sum[mt][half]);
+      const float sum = mma::quad_sum(row_sum[mt][half]);
       inv_sum[mt][half] = sum == 0.f ? 0.f : 1.f / sum;
       const int64_t row = warp_m0 + 16 * mt + 8 * half + g;
       if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
-        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row] =
+        p.lse[blk.b * p.lse_batch_stride + blk.h * p.lse_head_stride + row] =
             sum == 0.f ? -INFINITY : row_max[mt][half] * kLn2 + logf(sum);
       }
     }
@@ -496,14 +465,15 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
       const int row = 16 * mt + 8 * half + g;
 #pragma unroll
       for (int dt = 0; dt < Traits::kDimTiles; ++dt) {
-        o_words[swizzled<Traits>(row, dt) / 2 + t] = mma::pack_pair<Element>(
+        o_words[swizzled<Traits>(row, dt) / 2 + t] = pack_pair<Element>(
             o[mt][dt][2 * half] * inv_sum[mt][half], o[mt][dt][2 * half + 1] * inv_sum[mt][half]);
       }
     }
   }
   __syncwarp();
   const Element* o_rows = q_smem + warp * Traits::kRowsPerWarp * Traits::kHeadDim;
-  Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride + warp_m0 * p.o_row_stride;
+  Element* out =
+      static_cast<Element*>(p.out) + blk.b * p.o_batch_stride + blk.h * p.o_head_stride + warp_m0 * p.o_row_stride;
   const int64_t valid_rows = p.seqlen_q - warp_m0;
 #pragma unroll
   for (int i = 0; i < Traits::kRowsPerWarp * Traits::kChunksPerRow / 32; ++i) {

@@ -309,7 +309,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[1][Traits::kKeyTiles][4]
 #pragma unroll
     for (int nt = 0; nt < Traits::kKeyTiles; ++nt)
       tile_max = fmaxf(tile_max, fmaxf(s[0][nt][2 * half], s[0][nt][2 * half + 1]));
-    const float new_max = fmaxf(row_max[half], flash_mma::quad_max(tile_max));
+    const float new_max = fmaxf(row_max[half], mma::quad_max(tile_max));
     // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps
     // exp2(-inf - ...) at 0 rather than NaN.
     const float reference = new_max == -INFINITY ? 0.f : new_max;
@@ -349,29 +349,14 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   const int g = lane / 4;  // fragment row group
   const int t = lane % 4;  // thread in the quad
 
-  // batch * heads is folded over gridDim.y and gridDim.z (each capped at 65535).
-  const int64_t bh = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
-  if (bh >= p.batch * p.heads) return;
-  const int64_t b = bh / p.heads;
-  const int64_t h = bh % p.heads;
-  const int64_t h_kv = h / (p.heads / p.heads_kv);
-  // Causal: the last query blocks see the most keys; launching them first shortens the grid's tail.
-  const int64_t m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int64_t m0 = m_block * kBlockM;
-  const int64_t block_rows = min(static_cast<int64_t>(kBlockM), p.seqlen_q - m0);
-
-  // Keys [0, key_end) are seen by some row of the block, [0, shared_keys) by every row.
-  const int64_t key_end = kCausal ? causal_keys_visible(m0 + block_rows - 1, p) : p.seqlen_k;
-  const int64_t shared_keys = kCausal ? causal_keys_visible(m0, p) : p.seqlen_k;
-  const int n_tiles = static_cast<int>((key_end + kBlockN - 1) / kBlockN);
-  const int n_unmasked = static_cast<int>(shared_keys / kBlockN);  // tiles [0, n_unmasked) need no mask
-
-  const float* q = static_cast<const float*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride;
-  const float* k = static_cast<const float*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
-  const float* v = static_cast<const float*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+  FlashBlock blk;
+  if (!locate_flash_block(p, kCausal, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
+  const float* q = blk.q_rows<float>(p);
+  const float* k = blk.k_rows<float>(p);
+  const float* v = blk.v_rows<float>(p);
 
   // Rows of this thread's accumulators: warp_m0 + 8 half + g.
-  const int64_t warp_m0 = m0 + warp * Traits::kRowsPerWarp;
+  const int64_t warp_m0 = blk.m0 + warp * Traits::kRowsPerWarp;
   float o[Traits::kDimTiles][4];
 #pragma unroll
   for (int dt = 0; dt < Traits::kDimTiles; ++dt) {
@@ -381,11 +366,11 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
 
-  if (n_tiles > 0) {  // otherwise every row sees no key: the epilogue writes zeros
-    load_tile<Traits, kBlockM, true>(smem_base + kQTile, q, p.q_row_stride, block_rows);
+  if (blk.n_tiles > 0) {  // otherwise every row sees no key: the epilogue writes zeros
+    load_tile<Traits, kBlockM, true>(smem_base + kQTile, q, p.q_row_stride, blk.rows);
     mma::commit_copies();
-    load_tile<Traits, kBlockN, true>(smem_base + kKTile, k + (n_tiles - 1) * kBlockN * p.k_row_stride,
-                                     p.k_row_stride, p.seqlen_k - (n_tiles - 1) * kBlockN);
+    load_tile<Traits, kBlockN, true>(smem_base + kKTile, k + (blk.n_tiles - 1) * kBlockN * p.k_row_stride,
+                                     p.k_row_stride, p.seqlen_k - (blk.n_tiles - 1) * kBlockN);
     mma::commit_copies();
 
     // Q *= softmax_scale * log2(e), once: scores come out in log2 units, of either sign of the
@@ -454,8 +439,8 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
       accumulate_pv<Traits>(o, s, alpha, smem, v_offset);
     };
 
-    int j = n_tiles - 1;
-    for (; j >= n_unmasked; --j) attend_key_tile(j, std::true_type{});
+    int j = blk.n_tiles - 1;
+    for (; j >= blk.n_unmasked; --j) attend_key_tile(j, std::true_type{});
     for (; j >= 0; --j) attend_key_tile(j, std::false_type{});
   }
 
@@ -463,17 +448,17 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   // holds dims 32 u + 4t + {0..3} (columns 2t of n8 tiles 4u..4u+3) and 32 u + 16 + 4t + {0..3}
   // (columns 2t + 1) of rows g and g + 8: 16 B stores straight to global memory, each quad
   // writing 64 contiguous bytes of a row (whole 32 B sectors).
-  float* out = static_cast<float*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
+  float* out = static_cast<float*>(p.out) + blk.b * p.o_batch_stride + blk.h * p.o_head_stride;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     // A NaN sum (NaN inputs) stays NaN in O and LSE; only an empty row gets zeros and -inf.
-    const float sum = flash_mma::quad_sum(row_sum[half]);
+    const float sum = mma::quad_sum(row_sum[half]);
     const float inv_sum = sum == 0.f ? 0.f : 1.f / sum;
     const int64_t row = warp_m0 + 8 * half + g;
     if (row >= p.seqlen_q) continue;
     if (p.lse != nullptr && t == 0) {
-      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row] =
-          sum == 0.f ? -INFINITY : row_max[half] * flash_mma::kLn2 + logf(sum);
+      p.lse[blk.b * p.lse_batch_stride + blk.h * p.lse_head_stride + row] =
+          sum == 0.f ? -INFINITY : row_max[half] * kLn2 + logf(sum);
     }
     float* out_row = out + row * p.o_row_stride + 4 * t;
 #pragma unroll

@@ -447,7 +447,6 @@ __global__ void __launch_bounds__(FlashSimtTraits<Element, kHeadDim>::kThreads,
   // A row that saw no key has row_sum 0 and acc_o 0: zeros and LSE = -inf.
   // A NaN (or +inf) score makes row_sum NaN: the tests are `== 0`, not `> 0`,
   // so that NaN reaches O and the LSE instead of reading as "no key".
-  constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     float sum = row_sum[i];

@@ -88,8 +88,6 @@ struct FlashWgmmaTraits {
 
 namespace flash_wgmma {
 
-constexpr float kLn2 = 0.6931471805599453f;
-
 // Byte offset of 16 B chunk `chunk` (0 .. kChunksPerRow - 1) of row `row` in a tile of kRows
 // rows: panel chunk / 8, then the row's 128 B, then the chunk swizzled by the row within its
 // 8-row atom. This is the layout wgmma reads through descriptor_128b (wgmma_primitives.cuh).
@@ -189,19 +187,6 @@ __device__ __forceinline__ void mask_scores(float (&s)[Traits::kScoreRegs], cons
   }
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-// |c max(S)| from which the warp rounds c S before subtracting the max (softmax_step).
-constexpr float kExactExponentFrom = 16777216.f;  // 2^24: ulp(m) > 1 beyond
-
 // Folds the tile's scores into the running statistics and turns them, in place, into the
 // unnormalized probabilities P = exp2(c S - m_new); returns the factors alpha =
 // exp2(m_old - m_new) that O still needs (applied by the caller once the product in flight
@@ -227,7 +212,7 @@ __device__ __forceinline__ bool softmax_step(float (&s)[Traits::kScoreRegs], flo
       tile_max = fmaxf(tile_max, fmaxf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
     }
     // scale_log2 > 0, so scaling commutes with the max; -inf stays -inf.
-    const float new_max = fmaxf(row_max[half], quad_max(tile_max) * scale_log2);
+    const float new_max = fmaxf(row_max[half], mma::quad_max(tile_max) * scale_log2);
     // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps
     // exp2(-inf - ...) at 0 rather than NaN.
     const float reference = new_max == -INFINITY ? 0.f : new_max;
@@ -274,7 +259,7 @@ __device__ __forceinline__ void pack_probabilities(const float (&s)[Traits::kSco
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       p[nt / 2][2 * (nt % 2) + half] =
-          mma::pack_pair<typename Traits::Element>(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]);
+          pack_pair<typename Traits::Element>(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]);
     }
   }
 }
@@ -312,39 +297,26 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
   const int g = lane / 4;
   const int t = lane % 4;
 
-  // batch * heads is folded over gridDim.y and gridDim.z (each capped at 65535).
-  const int64_t bh = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
-  if (bh >= p.batch * p.heads) return;
-  const int64_t b = bh / p.heads;
-  const int64_t h = bh % p.heads;
-  const int64_t h_kv = h / (p.heads / p.heads_kv);
-  // blockIdx.x = query block * num_splits + split. Causal: the last query blocks see the most
-  // keys; launching them first shortens the grid's tail.
+  // blockIdx.x = query block * num_splits + split.
   const int num_splits = kSplit ? split.num_splits : 1;
   const int split_index = kSplit ? blockIdx.x % num_splits : 0;
-  const int m_index = kSplit ? blockIdx.x / num_splits : blockIdx.x;
-  const int64_t m_block = kCausal ? gridDim.x / num_splits - 1 - m_index : m_index;
-  const int64_t m0 = m_block * kBlockM;
-  const int64_t block_rows = min(static_cast<int64_t>(kBlockM), p.seqlen_q - m0);
-
-  // Keys [0, key_end) are seen by some row of the block, [0, shared_keys) by every row.
-  const int64_t key_end = kCausal ? causal_keys_visible(m0 + block_rows - 1, p) : p.seqlen_k;
-  const int64_t shared_keys = kCausal ? causal_keys_visible(m0, p) : p.seqlen_k;
-  // Tile counts fit int: 2^31 tiles of 128 keys would be 2^38 keys of one sequence.
-  const int n_tiles = static_cast<int>((key_end + kBlockN - 1) / kBlockN);
-  const int n_unmasked = static_cast<int>(shared_keys / kBlockN);  // tiles [0, n_unmasked) need no mask
+  FlashBlock blk;
+  if (!locate_flash_block(p, kCausal, kSplit ? blockIdx.x / num_splits : blockIdx.x, gridDim.x / num_splits,
+                          kBlockM, kBlockN, blk)) {
+    return;
+  }
   // This block's key tiles: [tile_begin, tile_end), visited last to first.
-  const int tile_begin = kSplit ? min(n_tiles, split_index * split.tiles_per_split) : 0;
-  const int tile_end = kSplit ? min(n_tiles - tile_begin, split.tiles_per_split) + tile_begin : n_tiles;
+  const int tile_begin = kSplit ? min(blk.n_tiles, split_index * split.tiles_per_split) : 0;
+  const int tile_end = kSplit ? min(blk.n_tiles - tile_begin, split.tiles_per_split) + tile_begin : blk.n_tiles;
   const int n_visits = tile_end - tile_begin;
 
-  const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride;
-  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
-  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+  const Element* q = blk.q_rows<Element>(p);
+  const Element* k = blk.k_rows<Element>(p);
+  const Element* v = blk.v_rows<Element>(p);
 
   // Rows of this thread's accumulators: warp_m0 + g + 8 half.
   const int warp_row = warpgroup * Traits::kRowsPerWarpgroup + warp * 16;  // within the block
-  const int64_t warp_m0 = m0 + warp_row;
+  const int64_t warp_m0 = blk.m0 + warp_row;
   float o[Traits::kOutRegs];
 #pragma unroll
   for (int i = 0; i < Traits::kOutRegs; ++i) o[i] = 0.f;
@@ -352,7 +324,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
   float row_sum[2] = {0.f, 0.f};
 
   if (n_visits > 0) {  // otherwise every row sees no key here: the epilogue writes zeros
-    load_tile<Traits, kBlockM, true>(q_tile, q, p.q_row_stride, block_rows);
+    load_tile<Traits, kBlockM, true>(q_tile, q, p.q_row_stride, blk.rows);
     load_tile<Traits, kBlockN, true>(k_tile, k + (tile_end - 1) * int64_t{kBlockN} * p.k_row_stride, p.k_row_stride,
                                      p.seqlen_k - (tile_end - 1) * int64_t{kBlockN});
     mma::commit_copies();
@@ -455,7 +427,8 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
 
     attend_key_tile(0, std::true_type{}, std::true_type{});
     int i = 1;
-    for (; i < min(n_visits, tile_end - n_unmasked); ++i) attend_key_tile(i, std::true_type{}, std::false_type{});
+    const int n_masked = min(n_visits, tile_end - blk.n_unmasked);  // visits of tiles >= n_unmasked
+    for (; i < n_masked; ++i) attend_key_tile(i, std::true_type{}, std::false_type{});
     for (; i < n_visits; ++i) attend_key_tile(i, std::false_type{}, std::false_type{});
 
     // The last product, P(n-1) V(n-1), once V(n-1) has landed.
@@ -477,14 +450,14 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
   float lse[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const float sum = quad_sum(row_sum[half]);
+    const float sum = mma::quad_sum(row_sum[half]);
     inv_sum[half] = sum == 0.f ? 0.f : 1.f / sum;
     lse[half] = sum == 0.f ? -INFINITY : row_max[half] * kLn2 + logf(sum);
   }
 
   if constexpr (kSplit) {
     // One piece of a split row: O / l in fp32 and the piece's LSE, for the merge kernel.
-    const int64_t piece = (static_cast<int64_t>(split_index) * p.batch * p.heads + bh) * p.seqlen_q;
+    const int64_t piece = ((static_cast<int64_t>(split_index) * p.batch + blk.b) * p.heads + blk.h) * p.seqlen_q;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t row = warp_m0 + g + 8 * half;
@@ -503,7 +476,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
   for (int half = 0; half < 2; ++half) {
     const int64_t row = warp_m0 + g + 8 * half;
     if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
-      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row] = lse[half];
+      p.lse[blk.b * p.lse_batch_stride + blk.h * p.lse_head_stride + row] = lse[half];
     }
   }
 
@@ -516,12 +489,13 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
     const int row = warp_row + g + 8 * half;
 #pragma unroll
     for (int dt = 0; dt < Traits::kChunksPerRow; ++dt) {
-      *reinterpret_cast<uint32_t*>(q_smem + tile_offset<Traits, kBlockM>(row, dt) + 4 * t) = mma::pack_pair<Element>(
+      *reinterpret_cast<uint32_t*>(q_smem + tile_offset<Traits, kBlockM>(row, dt) + 4 * t) = pack_pair<Element>(
           o[4 * dt + 2 * half] * inv_sum[half], o[4 * dt + 2 * half + 1] * inv_sum[half]);
     }
   }
   __syncwarp();
-  Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride + warp_m0 * p.o_row_stride;
+  Element* out =
+      static_cast<Element*>(p.out) + blk.b * p.o_batch_stride + blk.h * p.o_head_stride + warp_m0 * p.o_row_stride;
   const int64_t valid_rows = p.seqlen_q - warp_m0;
 #pragma unroll
   for (int i = 0; i < 16 * Traits::kChunksPerRow / 32; ++i) {
@@ -579,7 +553,7 @@ __device__ __forceinline__ void merge_row_pieces(const AttentionParams& p, const
   const int64_t b = bh / p.heads;
   const int64_t h = bh % p.heads;
   Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride + r * p.o_row_stride + col;
-  *reinterpret_cast<uint2*>(out) = make_uint2(mma::pack_pair<Element>(acc.x, acc.y), mma::pack_pair<Element>(acc.z, acc.w));
+  *reinterpret_cast<uint2*>(out) = make_uint2(pack_pair<Element>(acc.x, acc.y), pack_pair<Element>(acc.z, acc.w));
   if (p.lse != nullptr && col == 0) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + r] = lse;
 }
 

@@ -323,19 +323,6 @@ __device__ __forceinline__ void accumulate_pv(AccumFragment (&o)[Traits::kRowFra
 // Online softmax on lane-owned rows
 // ----------------------------------------------------------------------------
 
-template <typename Element>
-__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
-  uint32_t bits;
-  if constexpr (std::is_same_v<Element, __half>) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    memcpy(&bits, &h, sizeof(bits));
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    memcpy(&bits, &h, sizeof(bits));
-  }
-  return bits;
-}
-
 template <int kCols>
 __device__ __forceinline__ float row_max(const float (&t)[kCols]) {
   float m = t[0];
@@ -436,20 +423,6 @@ __device__ __forceinline__ void store_output(const AccumFragment (&o)[Traits::kR
   }
 }
 
-// 16 B copies need 16 B aligned bases and strides that are multiples of 8 elements; a stride
-// of a dimension of extent 1 is never applied and does not count.
-__device__ __forceinline__ bool vector_friendly(const AttentionParams& p) {
-  const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
-  const auto used = [](int64_t stride, int64_t extent) { return extent > 1 ? stride : int64_t{0}; };
-  const int64_t strides = used(p.q_batch_stride, p.batch) | used(p.q_row_stride, p.seqlen_q) |
-                          used(p.q_head_stride, p.heads) | used(p.o_batch_stride, p.batch) |
-                          used(p.o_row_stride, p.seqlen_q) | used(p.o_head_stride, p.heads) |
-                          used(p.k_batch_stride, p.batch) | used(p.k_row_stride, p.seqlen_k) |
-                          used(p.k_head_stride, p.heads_kv) | used(p.v_batch_stride, p.batch) |
-                          used(p.v_row_stride, p.seqlen_k) | used(p.v_head_stride, p.heads_kv);
-  return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out) && (strides & 7) == 0;
-}
-
 // ----------------------------------------------------------------------------
 // One block: kBlockM query rows of one (batch, head)
 // ----------------------------------------------------------------------------
@@ -472,34 +445,23 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   float* scratch = scratch_base + warp * Traits::kScratchFloats;
   float* row_scale = row_scale_base + warp * Traits::kRowsPerWarp;
 
-  // batch * heads is folded over gridDim.y and gridDim.z (each capped at 65535).
-  const int64_t bh = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
-  if (bh >= p.batch * p.heads) return;
-  const int64_t b = bh / p.heads;
-  const int64_t h = bh % p.heads;
-  const int64_t h_kv = h / (p.heads / p.heads_kv);
-  // Causal: the last query blocks see the most keys; launching them first shortens the grid's tail.
-  const int64_t m_block = p.is_causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int64_t m0 = m_block * kBlockM;
-  const int64_t block_rows = min(static_cast<int64_t>(kBlockM), p.seqlen_q - m0);
   // Key tiles entirely above the diagonal of the block's last row are never visited.
-  const int64_t key_end = p.is_causal ? causal_keys_visible(m0 + block_rows - 1, p) : p.seqlen_k;
-  const int64_t n_tiles = (key_end + kBlockN - 1) / kBlockN;
+  FlashBlock blk;
+  if (!locate_flash_block(p, p.is_causal, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
+  const Element* q = blk.q_rows<Element>(p);
+  const Element* k = blk.k_rows<Element>(p);
+  const Element* v = blk.v_rows<Element>(p);
+  const bool vectorized = vector_friendly(p, 8);
 
-  const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride;
-  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
-  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
-  const bool vectorized = vector_friendly(p);
-
-  if (n_tiles > 0) {  // otherwise every row sees no key: nothing to load, the epilogue writes zeros
-    load_tile<Traits, kBlockM>(q_tile, q, p.q_row_stride, block_rows, vectorized);
+  if (blk.n_tiles > 0) {  // otherwise every row sees no key: nothing to load, the epilogue writes zeros
+    load_tile<Traits, kBlockM>(q_tile, q, p.q_row_stride, blk.rows, vectorized);
     load_tile<Traits, kBlockN>(k_tile, k, p.k_row_stride, p.seqlen_k, vectorized);
     commit_copies();
   }
 
   const uint32_t row_map = accumulator_row_map(scratch, lane);
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
-  const int64_t warp_m0 = m0 + warp * Traits::kRowsPerWarp;
+  const int64_t warp_m0 = blk.m0 + warp * Traits::kRowsPerWarp;
   // Lane r owns query row warp_m0 + r for the softmax statistics.
   const int64_t lane_keys = p.is_causal ? causal_keys_visible(warp_m0 + lane, p) : p.seqlen_k;
   const int64_t warp_first_keys = p.is_causal ? causal_keys_visible(warp_m0, p) : p.seqlen_k;
@@ -515,7 +477,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
 
   const Element* q_warp = q_tile + warp * Traits::kRowsPerWarp * Traits::kTileLd;
   const Element* prob = reinterpret_cast<const Element*>(scratch);
-  for (int64_t j = 0; j < n_tiles; ++j) {
+  for (int64_t j = 0; j < blk.n_tiles; ++j) {
     const int64_t n0 = j * kBlockN;
     wait_copies();
     __syncthreads();  // K(j) (and Q) visible to all warps; every warp is done reading V(j-1)
@@ -537,7 +499,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
 
     wait_copies();
     __syncthreads();  // V(j) visible to all warps; every warp is done reading K(j)
-    if (j + 1 < n_tiles) {
+    if (j + 1 < blk.n_tiles) {
       load_tile<Traits, kBlockN>(k_tile, k + (n0 + kBlockN) * p.k_row_stride, p.k_row_stride,
                                  p.seqlen_k - n0 - kBlockN, vectorized);
       commit_copies();
@@ -561,11 +523,11 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
 
   const int64_t lane_row = warp_m0 + lane;
   if (p.lse != nullptr && lane_row < p.seqlen_q) {
-    constexpr float kLn2 = 0.6931471805599453f;
-    p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + lane_row] =
+    p.lse[blk.b * p.lse_batch_stride + blk.h * p.lse_head_stride + lane_row] =
         running_sum == 0.f ? -INFINITY : (running_max + log2f(running_sum)) * kLn2;
   }
-  Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride + warp_m0 * p.o_row_stride;
+  Element* out =
+      static_cast<Element*>(p.out) + blk.b * p.o_batch_stride + blk.h * p.o_head_stride + warp_m0 * p.o_row_stride;
   store_output<Traits>(o, scratch, lane, out, p.o_row_stride, p.seqlen_q - warp_m0, vectorized);
 }
 

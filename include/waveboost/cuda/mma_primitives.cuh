@@ -140,18 +140,16 @@ __device__ __forceinline__ Tf32Pair split_tf32(float x) {
 // Element math
 // ----------------------------------------------------------------------------
 
-// Two floats rounded to the element type, `lo` in the low 16 bits (the lower column index).
-template <typename Element>
-__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
-  uint32_t bits;
-  if constexpr (std::is_same_v<Element, __half>) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    memcpy(&bits, &h, sizeof(bits));
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    memcpy(&bits, &h, sizeof(bits));
-  }
-  return bits;
+// Max and sum over a quad: the four threads (t = 0..3 of a group) that hold one row of a C
+// fragment.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // 2^x on the special-function unit; exp2(-inf) = +0.
