@@ -18,7 +18,14 @@ std::string str(int64_t x) { return std::to_string(x); }
 
 bool is_cuda_backend(Backend b) {
   return b == Backend::kNaive || b == Backend::kSimt || b == Backend::kWmma || b == Backend::kMma ||
-         b == Backend::kWgmma;
+         b == Backend::kWgmma || b == Backend::kDecode;
+}
+
+// The backends that read the sequence-layout fields (varlen, seqused, paged); every other one
+// refuses params that set them.
+bool handles_sequence_layout(Backend b) {
+  (void)b;
+  return false;
 }
 
 Status check_nonnegative(int64_t value, const char* name) {
@@ -126,6 +133,7 @@ const char* backend_name(Backend backend) {
     case Backend::kWmma: return "wmma";
     case Backend::kMma: return "mma";
     case Backend::kWgmma: return "wgmma";
+    case Backend::kDecode: return "decode";
   }
   return "unknown";
 }
@@ -142,7 +150,7 @@ const char* dtype_name(DType dtype) {
 
 bool parse_backend(const std::string& name, Backend* backend) {
   for (Backend b : {Backend::kAuto, Backend::kCPU, Backend::kNaive, Backend::kSimt, Backend::kWmma, Backend::kMma,
-                    Backend::kWgmma}) {
+                    Backend::kWgmma, Backend::kDecode}) {
     if (name == backend_name(b)) {
       *backend = b;
       return true;
@@ -162,8 +170,10 @@ Status validate(const AttentionParams& p) {
   if (p.heads_kv > 0 && p.heads % p.heads_kv != 0)
     return Status::InvalidArgument("heads (" + str(p.heads) + ") must be a multiple of heads_kv (" + str(p.heads_kv) +
                                    ") for grouped-query attention");
-  if (!std::isfinite(p.softmax_scale))
-    return Status::InvalidArgument("softmax_scale must be a finite number; got " + std::to_string(p.softmax_scale));
+  // NaN is kDefaultSoftmaxScale (1 / sqrt(head_dim)); infinities are refused.
+  if (std::isinf(p.softmax_scale))
+    return Status::InvalidArgument("softmax_scale must be a finite number (or kDefaultSoftmaxScale); got " +
+                                   std::string(p.softmax_scale > 0 ? "inf" : "-inf"));
   const bool any_output = p.batch > 0 && p.seqlen_q > 0 && p.heads > 0;
   const bool reads_kv = any_output && p.seqlen_k > 0;
   if (any_output && p.q == nullptr) return Status::InvalidArgument("q is a null pointer");
@@ -180,7 +190,26 @@ Status validate(const AttentionParams& p) {
     default:
       return Status::InvalidArgument("dtype is not one of float16, bfloat16, float32, float64");
   }
+  if (p.is_paged()) {
+    if (p.page_size < 1) return Status::InvalidArgument("page_size must be >= 1 with a block_table; got " + str(p.page_size));
+    if (p.num_pages < 1) return Status::InvalidArgument("num_pages must be >= 1 with a block_table; got " + str(p.num_pages));
+    if (p.is_varlen_k())
+      return Status::InvalidArgument("cu_seqlens_k and block_table are exclusive: a paged cache gives each sequence's "
+                                     "keys by its block_table row and seqused_k");
+  }
   return Status::Ok();
+}
+
+AttentionParams with_resolved_scale(const AttentionParams& params) {
+  AttentionParams p = params;
+  if (std::isnan(p.softmax_scale) && p.head_dim > 0) p.softmax_scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  return p;
+}
+
+AttentionBackwardParams with_resolved_scale(const AttentionBackwardParams& params) {
+  AttentionBackwardParams p = params;
+  static_cast<AttentionParams&>(p) = with_resolved_scale(static_cast<const AttentionParams&>(params));
+  return p;
 }
 
 namespace {
@@ -222,9 +251,14 @@ Backend select_backend(const AttentionParams& p) {
   return Backend::kNaive;
 }
 
-Status can_implement(const AttentionParams& p, Backend backend) {
-  if (Status s = validate(p); !s.ok()) return s;
+Status can_implement(const AttentionParams& params, Backend backend) {
+  if (Status s = validate(params); !s.ok()) return s;
+  const AttentionParams p = with_resolved_scale(params);
   if (backend == Backend::kAuto) backend = select_backend(p);
+  if (!p.is_dense() && !handles_sequence_layout(backend))
+    return Status::NotSupported(std::string("backend '") + backend_name(backend) +
+                                "' runs dense batches only; varlen (cu_seqlens), seqused_k and paged (block_table) "
+                                "inputs need another backend");
   if (backend == Backend::kCPU) {
     if (p.device_type != DeviceType::kCPU)
       return Status::InvalidArgument("backend 'cpu' needs tensors in host memory; got CUDA tensors");
@@ -241,6 +275,7 @@ Status can_implement(const AttentionParams& p, Backend backend) {
     case Backend::kWmma: return cuda::wmma_can_implement(p);
     case Backend::kMma: return cuda::mma_can_implement(p);
     case Backend::kWgmma: return cuda::wgmma_can_implement(p);
+    case Backend::kDecode: return cuda::decode_can_implement(p);
     default: break;
   }
   return Status::Internal("unreachable backend in can_implement");
@@ -251,7 +286,9 @@ Status can_implement(const AttentionParams& p, Backend backend) {
 #endif
 }
 
-Status attention_forward(const AttentionParams& p, Backend backend, void* stream) {
+Status attention_forward(const AttentionParams& params, Backend backend, void* stream) {
+  if (Status s = validate(params); !s.ok()) return s;
+  const AttentionParams p = with_resolved_scale(params);
   if (backend == Backend::kAuto) backend = select_backend(p);
   if (Status s = can_implement(p, backend); !s.ok()) return s;
   if (p.batch == 0 || p.seqlen_q == 0 || p.heads == 0) return Status::Ok();
@@ -263,11 +300,89 @@ Status attention_forward(const AttentionParams& p, Backend backend, void* stream
     case Backend::kWmma: return cuda::wmma_forward(p, stream);
     case Backend::kMma: return cuda::mma_forward(p, stream);
     case Backend::kWgmma: return cuda::wgmma_forward(p, stream);
+    case Backend::kDecode: return cuda::decode_forward(p, stream);
 #endif
     default: break;
   }
   (void)stream;
   return Status::Internal(std::string("no dispatch for backend '") + backend_name(backend) + "'");
+}
+
+// ---------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------
+
+bool backend_has_backward(Backend backend) {
+  return backend == Backend::kAuto || backend == Backend::kCPU || backend == Backend::kNaive ||
+         backend == Backend::kMma;
+}
+
+Status validate(const AttentionBackwardParams& p) {
+  if (Status s = validate(static_cast<const AttentionParams&>(p)); !s.ok()) return s;
+  const bool any_output = p.batch > 0 && p.seqlen_q > 0 && p.heads > 0;
+  const bool any_key = p.batch > 0 && p.seqlen_k > 0 && p.heads_kv > 0;
+  if (any_output && (p.dout == nullptr || p.dq == nullptr))
+    return Status::InvalidArgument("dout and dq must not be null pointers");
+  if (any_key && (p.dk == nullptr || p.dv == nullptr))
+    return Status::InvalidArgument("dk and dv must not be null pointers");
+  if (any_output && p.lse == nullptr)
+    return Status::InvalidArgument("lse (the forward's float32 logsumexp) is required by the backward pass");
+  if (!p.is_dense())
+    return Status::NotSupported("the backward pass runs dense batches only (no varlen, seqused_k or paged inputs)");
+  return Status::Ok();
+}
+
+Backend select_backend(const AttentionBackwardParams& p) {
+  if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
+  if (can_implement(p, Backend::kMma).ok()) return Backend::kMma;
+  return Backend::kNaive;
+}
+
+Status can_implement(const AttentionBackwardParams& params, Backend backend) {
+  if (Status s = validate(params); !s.ok()) return s;
+  const AttentionBackwardParams p = with_resolved_scale(params);
+  if (backend == Backend::kAuto) backend = select_backend(p);
+  if (!backend_has_backward(backend))
+    return Status::NotSupported(std::string("backend '") + backend_name(backend) +
+                                "' is forward-only; the backward pass runs on 'cpu', 'naive' and 'mma' (or 'auto')");
+  if (backend == Backend::kCPU) {
+    if (p.device_type != DeviceType::kCPU)
+      return Status::InvalidArgument("backend 'cpu' needs tensors in host memory; got CUDA tensors");
+    return cpu::can_implement_backward(p);
+  }
+  if (p.device_type != DeviceType::kCUDA)
+    return Status::InvalidArgument(std::string("backend '") + backend_name(backend) +
+                                   "' runs on CUDA tensors; got tensors in host memory (use backend 'cpu' or 'auto')");
+#ifdef WAVEBOOST_WITH_CUDA
+  switch (backend) {
+    case Backend::kNaive: return cuda::naive_can_implement_backward(p);
+    case Backend::kMma: return cuda::mma_can_implement_backward(p);
+    default: break;
+  }
+  return Status::Internal("unreachable backend in can_implement (backward)");
+#else
+  return Status::NotSupported(std::string("backend '") + backend_name(backend) +
+                              "' needs CUDA, but this build of waveboost has no CUDA support "
+                              "(it was built without nvcc)");
+#endif
+}
+
+Status attention_backward(const AttentionBackwardParams& params, Backend backend, void* stream) {
+  if (Status s = validate(params); !s.ok()) return s;
+  const AttentionBackwardParams p = with_resolved_scale(params);
+  if (backend == Backend::kAuto) backend = select_backend(p);
+  if (Status s = can_implement(p, backend); !s.ok()) return s;
+  if (p.batch == 0 || p.heads == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::Ok();
+  switch (backend) {
+    case Backend::kCPU: return cpu::attention_backward(p);
+#ifdef WAVEBOOST_WITH_CUDA
+    case Backend::kNaive: return cuda::naive_backward(p, stream);
+    case Backend::kMma: return cuda::mma_backward(p, stream);
+#endif
+    default: break;
+  }
+  (void)stream;
+  return Status::Internal(std::string("no backward dispatch for backend '") + backend_name(backend) + "'");
 }
 
 }  // namespace waveboost

@@ -1,13 +1,18 @@
-// waveboost: exact attention forward, framework-free C++ API.
+// waveboost: exact attention, framework-free C++ API.
 //
 // Layout is BSHD: q is (batch, seqlen_q, heads, head_dim); k and v are
 // (batch, seqlen_k, heads_kv, head_dim). Every tensor is described by a raw
 // pointer plus int64 element strides per batch, row (sequence position) and
 // head; the last dimension must have unit stride. Output has q's shape and
 // dtype; lse (optional) is float32 (batch, heads, seqlen_q).
+//
+// The parameters are layered: AttentionParams describes one forward call (dense,
+// or with the sequence-layout fields set: varlen, seqused, paged);
+// AttentionBackwardParams extends it with the tensors of the backward pass.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "waveboost/status.h"
@@ -28,6 +33,7 @@ enum class Backend : int32_t {
   kWmma = 4,   // tensor-core (nvcuda::wmma) flash forward, fp16/bf16, head dims 64/128
   kMma = 5,    // tensor-core flash forward on raw mma.sync + ldmatrix, fp16/bf16, head dims 64/128
   kWgmma = 6,  // Hopper (sm_90a) flash forward on warpgroup wgmma, fp16/bf16, head dims 64/128
+  kDecode = 7, // CUDA split-KV decode (few queries per sequence, GQA heads packed per tile), fp16/bf16
 };
 
 // Everything a forward call needs, passed by value to kernels. POD on purpose:
@@ -53,13 +59,68 @@ struct AttentionParams {
   int64_t heads_kv = 0;  // key/value heads; heads % heads_kv == 0 (GQA/MQA)
   int64_t head_dim = 0;
 
-  double softmax_scale = 0.0;  // multiplies q.k before the softmax
+  // Multiplies q.k before the softmax. The default, kDefaultSoftmaxScale (NaN), stands for
+  // 1 / sqrt(head_dim); any finite value (0 and negatives included) is used as given.
+  double softmax_scale = std::numeric_limits<double>::quiet_NaN();
   // Bottom-right aligned causal mask: query i sees key j iff j <= i + seqlen_k - seqlen_q.
   bool is_causal = false;
 
   DType dtype = DType::kFloat32;  // of q, k, v and out
   DeviceType device_type = DeviceType::kCPU;
   int device_id = 0;  // CUDA ordinal when device_type == kCUDA
+
+  // ---- Sequence layout (all null / 0: dense BSHD, every sequence seqlen_q x seqlen_k) ----
+  // Device (or, on the CPU, host) int32 arrays; nothing here is read on the host by CUDA paths,
+  // so a call can be captured in a CUDA graph.
+  //
+  // Variable-length batches: with cu_seqlens_q, q/out are packed (total_q, heads, head_dim) and
+  // sequence b owns rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]); q_batch_stride and
+  // o_batch_stride are unused, seqlen_q is an upper bound on every sequence's length (it sizes
+  // the grid), and lse is (heads, total_q) (lse_batch_stride unused). cu_seqlens_k likewise for
+  // k/v (total_k, heads_kv, head_dim) with seqlen_k an upper bound.
+  const int32_t* cu_seqlens_q = nullptr;  // (batch + 1), non-decreasing, [0] == 0
+  const int32_t* cu_seqlens_k = nullptr;  // (batch + 1)
+  // Keys sequence b actually uses (a KV cache's fill), at most its capacity; nullptr: all of them.
+  const int32_t* seqused_k = nullptr;  // (batch)
+  // Paged K/V: k and v are (num_pages, page_size, heads_kv, head_dim), k_batch_stride and
+  // v_batch_stride step one page, and key j of sequence b lives in page
+  // block_table[b * block_table_batch_stride + j / page_size] at row j % page_size. seqlen_k is
+  // the capacity of one sequence (max_pages * page_size); seqused_k gives the fill.
+  const int32_t* block_table = nullptr;  // (batch, max_pages)
+  int64_t block_table_batch_stride = 0;
+  int64_t page_size = 0;
+  int64_t num_pages = 0;
+
+  bool is_varlen_q() const { return cu_seqlens_q != nullptr; }
+  bool is_varlen_k() const { return cu_seqlens_k != nullptr; }
+  bool is_paged() const { return block_table != nullptr; }
+  bool is_dense() const { return !is_varlen_q() && !is_varlen_k() && !is_paged() && seqused_k == nullptr; }
+};
+
+// The softmax_scale that stands for 1 / sqrt(head_dim).
+inline constexpr double kDefaultSoftmaxScale = std::numeric_limits<double>::quiet_NaN();
+
+// The gradient of one attention call: the forward's inputs, its output (`out`, read here) and
+// its logsumexp (`lse`, float32, read here, required), plus dout; writes dq, dk, dv. dk and dv
+// have k's shape: with GQA each kv head's gradient sums over the query heads that read it (no
+// repeat of K/V and no per-query-head buffer in the caller's memory).
+struct AttentionBackwardParams : AttentionParams {
+  const void* dout = nullptr;  // (batch, seqlen_q, heads, head_dim), dtype of q
+  void* dq = nullptr;          // (batch, seqlen_q, heads, head_dim)
+  void* dk = nullptr;          // (batch, seqlen_k, heads_kv, head_dim)
+  void* dv = nullptr;          // (batch, seqlen_k, heads_kv, head_dim)
+  // Optional gradient flowing into lse (float32, lse's layout): dS += dlse * P.
+  const float* dlse = nullptr;
+
+  int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+  int64_t dlse_batch_stride = 0, dlse_head_stride = 0;  // dlse row stride is 1
+
+  // Bitwise-reproducible gradients: reductions across blocks (dq over key blocks) in a fixed
+  // order instead of atomics.
+  bool deterministic = false;
 };
 
 // Runs the forward pass. `stream` is a cudaStream_t for CUDA data (nullptr =
@@ -77,9 +138,22 @@ Backend select_backend(const AttentionParams& params);
 // Generic checks on shapes, strides, scale and pointers shared by every path.
 Status validate(const AttentionParams& params);
 
+// The backward pass: writes dq, dk, dv for the forward call `params` describes. Same stream
+// semantics as attention_forward. Backends with a backward: cpu, naive, mma (see
+// backend_has_backward); simt and wmma are forward-only.
+Status attention_backward(const AttentionBackwardParams& params, Backend backend, void* stream);
+Status can_implement(const AttentionBackwardParams& params, Backend backend);
+Backend select_backend(const AttentionBackwardParams& params);
+Status validate(const AttentionBackwardParams& params);
+bool backend_has_backward(Backend backend);
+
+// `params` with softmax_scale resolved (kDefaultSoftmaxScale -> 1 / sqrt(head_dim)).
+AttentionParams with_resolved_scale(const AttentionParams& params);
+AttentionBackwardParams with_resolved_scale(const AttentionBackwardParams& params);
+
 const char* backend_name(Backend backend);
 const char* dtype_name(DType dtype);
-// Parses "auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma"; false for anything else.
+// Parses "auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma", "decode"; false for anything else.
 bool parse_backend(const std::string& name, Backend* backend);
 
 // Whether `backend` can run on CUDA device `device_id` with this build (compiled

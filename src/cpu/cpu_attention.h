@@ -12,4 +12,8 @@ Status can_implement(const AttentionParams& params);
 // Expects validate(params) and can_implement(params) to have passed.
 Status attention_forward(const AttentionParams& params);
 
+// The backward pass on the host (src/cpu/cpu_backward.cpp): fp32/fp64, any head dim.
+Status can_implement_backward(const AttentionBackwardParams& params);
+Status attention_backward(const AttentionBackwardParams& params);
+
 }  // namespace waveboost::cpu

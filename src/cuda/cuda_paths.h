@@ -26,6 +26,16 @@ Status wmma_forward(const AttentionParams& params, void* stream);
 Status mma_forward(const AttentionParams& params, void* stream);
 Status wgmma_forward(const AttentionParams& params, void* stream);
 
+// Split-KV decode (src/cuda/decode_launch.cu).
+Status decode_can_implement(const AttentionParams& params);
+Status decode_forward(const AttentionParams& params, void* stream);
+
+// Backward passes (src/cuda/backward_launch.cu).
+Status naive_can_implement_backward(const AttentionBackwardParams& params);
+Status mma_can_implement_backward(const AttentionBackwardParams& params);
+Status naive_backward(const AttentionBackwardParams& params, void* stream);
+Status mma_backward(const AttentionBackwardParams& params, void* stream);
+
 // Compute capability (major * 10 + minor) of a device, or a CUDA error.
 Status compute_capability(int device_id, int* cc);
 

@@ -166,7 +166,7 @@ void raise_status(const Status& s) {
 Backend parse_backend_or_raise(const std::string& name) {
   Backend b;
   if (!waveboost::parse_backend(name, &b))
-    value_error("backend must be one of 'auto', 'cpu', 'naive', 'simt', 'wmma', 'mma', 'wgmma'; got '" + name + "'");
+    value_error("backend must be one of 'auto', 'cpu', 'naive', 'simt', 'wmma', 'mma', 'wgmma', 'decode'; got '" + name + "'");
   return b;
 }
 

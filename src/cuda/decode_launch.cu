@@ -1,0 +1,12 @@
+// Backend "decode": can_implement and dispatch of the split-KV decode kernel.
+#include "cuda_paths.h"
+
+namespace waveboost::cuda {
+
+Status decode_can_implement(const AttentionParams&) {
+  return Status::NotSupported("backend 'decode' is not built yet");
+}
+
+Status decode_forward(const AttentionParams& p, void*) { return decode_can_implement(p); }
+
+}  // namespace waveboost::cuda
