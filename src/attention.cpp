@@ -385,4 +385,26 @@ Status attention_backward(const AttentionBackwardParams& params, Backend backend
   return Status::Internal(std::string("no backward dispatch for backend '") + backend_name(backend) + "'");
 }
 
+// ---------------------------------------------------------------------------
+// Serving pieces
+// ---------------------------------------------------------------------------
+
+Status merge_attention_states(const MergeStatesParams& p, void* stream) {
+  if (p.device_type == DeviceType::kCPU) return cpu::merge_attention_states(p);
+#ifdef WAVEBOOST_WITH_CUDA
+  if (p.device_type == DeviceType::kCUDA) return cuda::merge_attention_states(p, stream);
+#endif
+  (void)stream;
+  return Status::NotSupported("merge_attention_states: CUDA tensors need a build of waveboost with CUDA support");
+}
+
+Status kv_cache_append(const KVCacheAppendParams& p, void* stream) {
+  if (p.device_type == DeviceType::kCPU) return cpu::kv_cache_append(p);
+#ifdef WAVEBOOST_WITH_CUDA
+  if (p.device_type == DeviceType::kCUDA) return cuda::kv_cache_append(p, stream);
+#endif
+  (void)stream;
+  return Status::NotSupported("kv_cache_append: CUDA tensors need a build of waveboost with CUDA support");
+}
+
 }  // namespace waveboost

@@ -147,6 +147,63 @@ Backend select_backend(const AttentionBackwardParams& params);
 Status validate(const AttentionBackwardParams& params);
 bool backend_has_backward(Backend backend);
 
+// ---------------------------------------------------------------------------
+// Serving pieces: merging partial results, appending to a KV cache.
+// ---------------------------------------------------------------------------
+
+// Attention over disjoint key sets, merged exactly through the LSE:
+//   lse = log(sum_i exp(lse_i)),  out = sum_i exp(lse_i - lse) * out_i.
+// Parts whose lse_i is -inf (saw no key) contribute nothing; if every part is -inf the row is
+// zeros with lse -inf. Parts are (num_parts, batch, seqlen, heads, head_dim) in outs_dtype (fp32
+// partials keep full precision between steps); lses float32 (num_parts, batch, heads, seqlen).
+struct MergeStatesParams {
+  const void* outs = nullptr;
+  DType outs_dtype = DType::kFloat32;
+  int64_t outs_part_stride = 0, outs_batch_stride = 0, outs_row_stride = 0, outs_head_stride = 0;
+  const float* lses = nullptr;
+  int64_t lses_part_stride = 0, lses_batch_stride = 0, lses_head_stride = 0, lses_row_stride = 0;
+
+  void* out = nullptr;  // (batch, seqlen, heads, head_dim) in dtype
+  DType dtype = DType::kFloat32;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  float* lse = nullptr;  // optional (batch, heads, seqlen)
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;  // row stride 1
+
+  int64_t num_parts = 0, batch = 0, seqlen = 0, heads = 0, head_dim = 0;
+  DeviceType device_type = DeviceType::kCPU;
+  int device_id = 0;
+};
+Status merge_attention_states(const MergeStatesParams& params, void* stream);
+
+// Writes k_new/v_new (batch, seqlen_new, heads_kv, head_dim) into a KV cache at each sequence's
+// end: row i of sequence b lands at position cache_seqlens[b] + i. The cache is contiguous
+// (batch, capacity, heads_kv, head_dim) or, with block_table, paged (num_pages, page_size,
+// heads_kv, head_dim) with the batch strides stepping one page. When seqused_out is given it
+// receives cache_seqlens[b] + seqlen_new (the keys an attention call over the cache then uses),
+// so no length is read on the host. Positions past the capacity are an error the caller must
+// avoid (checked only by the Python layer's validate=True).
+struct KVCacheAppendParams {
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int64_t kc_batch_stride = 0, kc_row_stride = 0, kc_head_stride = 0;
+  int64_t vc_batch_stride = 0, vc_row_stride = 0, vc_head_stride = 0;
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  int64_t kn_batch_stride = 0, kn_row_stride = 0, kn_head_stride = 0;
+  int64_t vn_batch_stride = 0, vn_row_stride = 0, vn_head_stride = 0;
+  const int32_t* cache_seqlens = nullptr;  // (batch)
+  int32_t* seqused_out = nullptr;          // optional (batch)
+  const int32_t* block_table = nullptr;    // optional (batch, max_pages)
+  int64_t block_table_batch_stride = 0;
+  int64_t page_size = 0, num_pages = 0;
+  int64_t batch = 0, seqlen_new = 0, heads_kv = 0, head_dim = 0;
+  int64_t capacity = 0;  // keys one sequence can hold (max_len, or max_pages * page_size)
+  DType dtype = DType::kFloat32;
+  DeviceType device_type = DeviceType::kCPU;
+  int device_id = 0;
+};
+Status kv_cache_append(const KVCacheAppendParams& params, void* stream);
+
 // `params` with softmax_scale resolved (kDefaultSoftmaxScale -> 1 / sqrt(head_dim)).
 AttentionParams with_resolved_scale(const AttentionParams& params);
 AttentionBackwardParams with_resolved_scale(const AttentionBackwardParams& params);

@@ -16,4 +16,8 @@ Status attention_forward(const AttentionParams& params);
 Status can_implement_backward(const AttentionBackwardParams& params);
 Status attention_backward(const AttentionBackwardParams& params);
 
+// Serving pieces on the host (src/cpu/cpu_serving.cpp).
+Status merge_attention_states(const MergeStatesParams& params);
+Status kv_cache_append(const KVCacheAppendParams& params);
+
 }  // namespace waveboost::cpu

@@ -29,6 +29,8 @@ Status wgmma_forward(const AttentionParams& params, void* stream);
 // Split-KV decode (src/cuda/decode_launch.cu).
 Status decode_can_implement(const AttentionParams& params);
 Status decode_forward(const AttentionParams& params, void* stream);
+Status merge_attention_states(const MergeStatesParams& params, void* stream);
+Status kv_cache_append(const KVCacheAppendParams& params, void* stream);
 
 // Backward passes (src/cuda/backward_launch.cu).
 Status naive_can_implement_backward(const AttentionBackwardParams& params);
