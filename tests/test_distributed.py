@@ -27,14 +27,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(world: int, tmp_path, with_backward: bool):
+def _spawn(world: int, tmp_path, with_backward: bool, backend: str = "gloo"):
     import torch.multiprocessing as mp
 
     sys.path.insert(0, TESTS)
     import _ring_worker
 
-    mp.start_processes(_ring_worker.run, args=(world, _free_port(), str(tmp_path), with_backward), nprocs=world,
-                       join=True, start_method="spawn")
+    mp.start_processes(_ring_worker.run, args=(world, _free_port(), str(tmp_path), with_backward, backend),
+                       nprocs=world, join=True, start_method="spawn")
     return [json.load(open(tmp_path / f"rank{r}.json")) for r in range(world)]
 
 
@@ -55,6 +55,28 @@ def test_ring_attention_matches_full_sequence(world, tmp_path):
                     failures.append(f"rank {rank} {row} {name}: {err:.3g} > {bound}")
         if with_backward:
             assert all({"dq", "dk", "dv"} <= set(row["errors"]) for row in rows)
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.gpu
+def test_ring_attention_on_two_gpus_nccl(tmp_path):
+    """bf16/fp16 over NCCL: the ring's error stays within twice the single-GPU call's (plus rounding)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 CUDA devices; {torch.cuda.device_count()} visible")
+    with_backward = hasattr(waveboost, "attention_backward")
+    results = _spawn(2, tmp_path, with_backward, backend="nccl")
+    failures = []
+    for rank, rows in enumerate(results):
+        for row in rows:
+            errs = row["errors"]
+            for name in ("out", "dq", "dk", "dv"):
+                if name not in errs:
+                    continue
+                bound = 2 * errs["single_" + name] + 2e-3
+                if not errs[name] <= bound:
+                    failures.append(f"rank {rank} {row} {name}: {errs[name]:.3g} > {bound:.3g}")
+            if not errs["lse"] <= 1e-2:
+                failures.append(f"rank {rank} {row} lse: {errs['lse']:.3g}")
     assert not failures, "\n".join(failures[:20])
 
 
