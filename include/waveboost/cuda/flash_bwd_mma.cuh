@@ -417,6 +417,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     }
     if constexpr (kDeterministic) pass_turn(semaphore);
   }
+  mma::wait_copies<0>();  // with no step, K and V were loaded for nothing: never exit with copies in flight
 
   // dK (scaled by softmax_scale) and dV straight from the accumulators: 4 B stores of two dims.
   const float scale = static_cast<float>(p.softmax_scale);
