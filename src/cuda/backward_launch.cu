@@ -160,8 +160,7 @@ Status mma_can_implement_backward(const AttentionBackwardParams& p) {
     return Status::NotSupported("backend 'mma' needs compute capability >= 8.0; device " +
                                 std::to_string(p.device_id) + " has " + cc_string(cc));
   }
-  constexpr int64_t kBlockN = FlashBwdMmaTraits<__half, 64>::kBlockN;
-  static_assert(kBlockN == FlashBwdMmaTraits<__nv_bfloat16, 128>::kBlockN);
+  constexpr int64_t kBlockN = kFlashBwdMmaBlockN;
   const int64_t bhk = p.batch * p.heads_kv;
   if ((p.seqlen_k + kBlockN - 1) / kBlockN > INT32_MAX || bhk > int64_t{65535} * 65535) {
     return Status::NotSupported("backend 'mma' (backward) supports batch * heads_kv up to 4294836225 and "

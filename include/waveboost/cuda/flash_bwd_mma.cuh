@@ -27,6 +27,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "waveboost/cuda/common.cuh"
@@ -37,17 +39,19 @@ namespace waveboost::cuda {
 /// \brief Compile-time choices of the mma.sync backward.
 /// \tparam Element_  __half or __nv_bfloat16; accumulation is fp32.
 /// \tparam kHeadDim_ 64 or 128.
-template <typename Element_, int kHeadDim_>
+template <typename Element_, int kHeadDim_, int kWarps_>
 struct FlashBwdMmaTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
   // Keys per block: one m16 tile per warp. dK and dV take kHeadDim / 2 floats per thread each.
   static constexpr int kBlockN = kWarps * 16;
-  // Query rows per step: S^T and dP^T take kBlockM / 2 floats per thread each; dQ gives one
-  // m16 tile of query rows to each warp.
+  // Query rows per step: S^T and dP^T take kBlockM / 2 floats per thread each. dQ splits its
+  // kBlockM x kHeadDim tile over the warps: kDqWarpsM m16 tiles of rows x kDqWarpsD dim ranges.
   static constexpr int kBlockM = 64;
+  static constexpr int kDqWarpsM = kBlockM / 16;
+  static constexpr int kDqWarpsD = kWarps / kDqWarpsM;
   static constexpr int kChunk = 8;  // elements per 16 B
 
   static constexpr int kDimSlices = kHeadDim / 16;   // k16 slices of S^T and dP^T
@@ -55,7 +59,8 @@ struct FlashBwdMmaTraits {
   static constexpr int kQueryTiles = kBlockM / 8;    // n8 tiles of S^T and dP^T
   static constexpr int kQuerySlices = kBlockM / 16;  // k16 slices of dV and dK
   static constexpr int kKeySlices = kBlockN / 16;    // k16 slices of dQ
-  static constexpr int kDqTilesPerPass = 8;          // dQ is built 64 dims at a time (registers)
+  static constexpr int kDqTilesPerWarp = kDimTiles / kDqWarpsD;
+  static constexpr int kDqTilesPerPass = kDqTilesPerWarp < 8 ? kDqTilesPerWarp : 8;  // at most 32 registers
 
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
@@ -73,9 +78,8 @@ struct FlashBwdMmaTraits {
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(sizeof(Element) == 2, "16-bit elements");
-  static_assert(kBlockM == kWarps * 16, "dQ: one m16 tile of query rows per warp");
+  static_assert(kWarps % kDqWarpsM == 0 && kDqTilesPerWarp % kDqTilesPerPass == 0 && kDqTilesPerPass % 2 == 0);
   static_assert(kBlockM / kChunk >= 8 && kHeadDim / kChunk >= 8, "the swizzle needs rows of >= 8 chunks");
-  static_assert(kDimTiles % kDqTilesPerPass == 0);
 };
 
 /// \brief The backward's fp32 workspace, [batch * heads][m_pad] rows (m_pad: seqlen_q rounded
@@ -95,6 +99,22 @@ template <int kWidth>
 __device__ __forceinline__ uint32_t swizzled(uint32_t tile, int row, int chunk) {
   return tile + static_cast<uint32_t>(2 * (row * kWidth + ((chunk ^ (row % 8)) * 8)));
 }
+
+// Per-lane ldmatrix addressing in a swizzled kWidth-wide tile. An x4 load covers 16 rows x 2
+// chunks; the lane addresses row `row0 + row` (row0 a multiple of 8) and chunk `2 * pair + high`.
+// Its physical chunk is 8 (pair / 4) + ((2 (pair % 4)) ^ y) with y = high ^ (row % 8), so with
+// 128 B-aligned rows one register per operand (tile + row + 16 y) serves every load: XOR in
+// 32 (pair % 4), add 128 (pair / 4) and the row0 rows (bits 0..6 of the sum are untouched).
+template <int kWidth>
+struct LaneAddress {
+  uint32_t base;
+  __device__ __forceinline__ static LaneAddress make(uint32_t tile, int row, int high) {
+    return {tile + static_cast<uint32_t>(row * kWidth * 2 + ((high ^ (row % 8)) * 16))};
+  }
+  __device__ __forceinline__ uint32_t at(int row0, int pair) const {
+    return (base ^ static_cast<uint32_t>(32 * (pair % 4))) + static_cast<uint32_t>((pair / 4) * 128 + row0 * kWidth * 2);
+  }
+};
 
 // cp.async of rows [0, kRows) of a kWidth-wide tile; rows >= valid_rows are zero-filled.
 template <int kRows, int kWidth, int kThreads, typename Element>
@@ -170,6 +190,20 @@ __global__ void convert_dq_kernel(const __grid_constant__ AttentionBackwardParam
     Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + i * p.dq_row_stride + h * p.dq_head_stride;
     *reinterpret_cast<uint4*>(dq + chunk * 8) = packed;
   }
+}
+
+// *at += x, atomically per element (a 16 B vector reduction on sm_90).
+__device__ __forceinline__ void reduce_add_16B(float4* at, float4 x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(at), "f"(x.x), "f"(x.y), "f"(x.z), "f"(x.w)
+               : "memory");
+#else
+  float* p = reinterpret_cast<float*>(at);
+  atomicAdd(p, x.x);
+  atomicAdd(p + 1, x.y);
+  atomicAdd(p + 2, x.z);
+  atomicAdd(p + 3, x.w);
+#endif
 }
 
 // The semaphore of one (batch * head, query block) for the deterministic dQ.
@@ -271,6 +305,20 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   const int key_row = warp * 16;  // this warp's keys within the block
 
+  // Lane addresses: K/V rows as the A operand (plain); Q/dO rows as the B operand (plain, S^T and
+  // dP^T); dO/Q/K rows as the B operand with k along the rows (.trans); dS^T as dQ's A (.trans).
+  // Q and dO, K and V, and the buffers lie 128 B multiples apart, so one base serves each pair.
+  static_assert(Traits::kVOffset % 128 == 0 && Traits::kQOffset % 128 == 0 && Traits::kDoOffset % 128 == 0 &&
+                Traits::kQTileBytes % 128 == 0 && Traits::kDsOffset % 128 == 0);
+  const auto kv_a = LaneAddress<kHeadDim>::make(k_tile, key_row + lane % 16, lane / 16);
+  const auto qdo_b = LaneAddress<kHeadDim>::make(base + Traits::kQOffset, lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+  const auto rows_bt = LaneAddress<kHeadDim>::make(base, lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+  const int dq_m = warp % Traits::kDqWarpsM;  // dQ: this warp's m16 tile of query rows
+  const int dq_tile0 = warp / Traits::kDqWarpsM * Traits::kDqTilesPerWarp;  // and its first n8 tile of dims
+  const uint32_t ds_a = LaneAddress<kBlockM>::make(ds_tile, lane % 8 + 8 * (lane / 16), (lane / 8) % 2).at(0, dq_m);
+  constexpr uint32_t kVFromK = Traits::kVOffset - Traits::kKOffset;
+  constexpr uint32_t kDoFromQ = Traits::kDoOffset - Traits::kQOffset;
+
   for (int64_t s = 0; s < steps; ++s) {
     const int buf = static_cast<int>(s & 1);
     if (s + 1 < steps) {
@@ -285,12 +333,11 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     const int64_t h = step_head(s);
     const int64_t m_index = step_block(s);
     const int64_t m0 = m_index * kBlockM;
-    const uint32_t q_tile = base + Traits::kQOffset + buf * Traits::kQTileBytes;
-    const uint32_t do_tile = base + Traits::kDoOffset + buf * Traits::kQTileBytes;
     const float* lse_row = lse_smem + buf * kBlockM;
     const float* d_row = d_smem + buf * kBlockM;
 
-    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x kBlockM queries.
+    // S^T = K Q^T for this warp's 16 keys x kBlockM queries, then P^T in place; then dP^T = V dO^T.
+    // Accumulator (nt, e): key n0 + key_row + g + 8 (e / 2), query m0 + 8 nt + 2 t + e % 2.
     float st[Traits::kQueryTiles][4];
     float dpt[Traits::kQueryTiles][4];
 #pragma unroll
@@ -300,49 +347,61 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     }
 #pragma unroll
     for (int ds = 0; ds < Traits::kDimSlices; ++ds) {
-      uint32_t a_k[4], a_v[4];
-      mma::load_matrix_x4(a_k, swizzled<kHeadDim>(k_tile, key_row + lane % 16, 2 * ds + lane / 16));
-      mma::load_matrix_x4(a_v, swizzled<kHeadDim>(v_tile, key_row + lane % 16, 2 * ds + lane / 16));
+      uint32_t a_k[4];
+      mma::load_matrix_x4(a_k, kv_a.at(0, ds));
 #pragma unroll
       for (int np = 0; np < Traits::kQueryTiles / 2; ++np) {
-        const int row = 16 * np + lane % 8 + 8 * (lane / 16);
-        const int chunk = 2 * ds + (lane / 8) % 2;
-        uint32_t b_q[4], b_do[4];
-        mma::load_matrix_x4(b_q, swizzled<kHeadDim>(q_tile, row, chunk));
-        mma::load_matrix_x4(b_do, swizzled<kHeadDim>(do_tile, row, chunk));
+        uint32_t b_q[4];
+        mma::load_matrix_x4(b_q, qdo_b.at(16 * np, ds) + buf * Traits::kQTileBytes);
         mma::mma_16x8x16<Element>(st[2 * np], a_k, b_q[0], b_q[1]);
         mma::mma_16x8x16<Element>(st[2 * np + 1], a_k, b_q[2], b_q[3]);
+      }
+    }
+
+    // Keys past the sequence and (causal) keys a query does not see get P = 0; padded query
+    // rows have lse * log2(e) = +inf, so P = 0 there without a test.
+    const bool masked = n0 + kBlockN > p.seqlen_k || (kCausal && n0 + kBlockN - 1 > m0 + causal_offset);
+#pragma unroll
+    for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * nt + 2 * t + e % 2;
+        float prob = mma::exp2(st[nt][e] * scale_log2 - lse_row[col]);
+        if (masked) {
+          const int64_t key = n0 + key_row + g + 8 * (e / 2);
+          const bool visible = key < p.seqlen_k && (!kCausal || key <= m0 + col + causal_offset);
+          prob = visible ? prob : 0.f;
+        }
+        st[nt][e] = prob;
+      }
+    }
+
+#pragma unroll
+    for (int ds = 0; ds < Traits::kDimSlices; ++ds) {
+      uint32_t a_v[4];
+      mma::load_matrix_x4(a_v, kv_a.at(0, ds) + kVFromK);
+#pragma unroll
+      for (int np = 0; np < Traits::kQueryTiles / 2; ++np) {
+        uint32_t b_do[4];
+        mma::load_matrix_x4(b_do, qdo_b.at(16 * np, ds) + buf * Traits::kQTileBytes + kDoFromQ);
         mma::mma_16x8x16<Element>(dpt[2 * np], a_v, b_do[0], b_do[1]);
         mma::mma_16x8x16<Element>(dpt[2 * np + 1], a_v, b_do[2], b_do[3]);
       }
     }
 
-    // P^T and dS^T. Accumulator (nt, e): key n0 + key_row + g + 8 (e / 2), query m0 + 8 nt + 2 t + e % 2.
-    // Keys past the sequence and (causal) keys a query does not see get P = 0; padded query
-    // rows have lse * log2(e) = +inf, so P = 0 there without a test.
-    const bool masked = n0 + kBlockN > p.seqlen_k || (kCausal && n0 + kBlockN - 1 > m0 + causal_offset);
+    // dS^T = P^T (dP^T - D); both packed to 16 bits as A operands (tile nt fills half nt % 2 of
+    // k16 slice nt / 2: registers {0, 1} for its rows g and g + 8, {2, 3} for the next tile).
     uint32_t pt[Traits::kQuerySlices][4];
     uint32_t dst[Traits::kQuerySlices][4];
 #pragma unroll
     for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float pr[2], dsv[2];
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int col = 8 * nt + 2 * t + c;
-          const int e = 2 * half + c;
-          float prob = mma::exp2(st[nt][e] * scale_log2 - lse_row[col]);
-          if (masked) {
-            const int64_t key = n0 + key_row + g + 8 * half;
-            const bool visible = key < p.seqlen_k && (!kCausal || key <= m0 + col + causal_offset);
-            prob = visible ? prob : 0.f;
-          }
-          pr[c] = prob;
-          dsv[c] = prob * (dpt[nt][e] - d_row[col]);
-        }
-        pt[nt / 2][2 * (nt % 2) + half] = pack_pair<Element>(pr[0], pr[1]);
-        dst[nt / 2][2 * (nt % 2) + half] = pack_pair<Element>(dsv[0], dsv[1]);
+        const int col = 8 * nt + 2 * t;
+        const float p0 = st[nt][2 * half], p1 = st[nt][2 * half + 1];
+        pt[nt / 2][2 * (nt % 2) + half] = pack_pair<Element>(p0, p1);
+        dst[nt / 2][2 * (nt % 2) + half] = pack_pair<Element>(p0 * (dpt[nt][2 * half] - d_row[col]),
+                                                              p1 * (dpt[nt][2 * half + 1] - d_row[col + 1]));
       }
     }
 
@@ -361,11 +420,10 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
 #pragma unroll
       for (int dp = 0; dp < Traits::kDimTiles / 2; ++dp) {
-        const int row = 16 * ks + lane % 8 + 8 * ((lane / 8) % 2);
-        const int chunk = 2 * dp + lane / 16;
+        const uint32_t q_at = rows_bt.at(16 * ks, dp) + Traits::kQOffset + buf * Traits::kQTileBytes;
         uint32_t b_do[4], b_q[4];
-        mma::load_matrix_x4_trans(b_do, swizzled<kHeadDim>(do_tile, row, chunk));
-        mma::load_matrix_x4_trans(b_q, swizzled<kHeadDim>(q_tile, row, chunk));
+        mma::load_matrix_x4_trans(b_do, q_at + kDoFromQ);
+        mma::load_matrix_x4_trans(b_q, q_at);
         mma::mma_16x8x16<Element>(dv[2 * dp], pt[ks], b_do[0], b_do[1]);
         mma::mma_16x8x16<Element>(dv[2 * dp + 1], pt[ks], b_do[2], b_do[3]);
         mma::mma_16x8x16<Element>(dk[2 * dp], dst[ks], b_q[0], b_q[1]);
@@ -374,12 +432,12 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     }
     __syncthreads();  // dS^T complete
 
-    // dQ (kBlockM x kHeadDim) += dS K: warp w owns query rows 16 w .. 16 w + 15.
-    float* dq_rows = ws.dq_accum + ((b * p.heads + h) * ws.m_pad + m0 + 16 * warp) * kHeadDim;
+    // dQ (kBlockM x kHeadDim) += dS K: this warp's 16 query rows x kDqTilesPerWarp n8 tiles of dims.
+    float* dq_rows = ws.dq_accum + ((b * p.heads + h) * ws.m_pad + m0 + 16 * dq_m) * kHeadDim;
     int* semaphore = kDeterministic ? ws.semaphores + (b * p.heads + h) * (ws.m_pad / kBlockM) + m_index : nullptr;
     if constexpr (kDeterministic) wait_for_turn(semaphore, static_cast<int>(blockIdx.x));
 #pragma unroll
-    for (int pass = 0; pass < Traits::kDimTiles / Traits::kDqTilesPerPass; ++pass) {
+    for (int pass = 0; pass < Traits::kDqTilesPerWarp / Traits::kDqTilesPerPass; ++pass) {
       float dq[Traits::kDqTilesPerPass][4];
 #pragma unroll
       for (int dt = 0; dt < Traits::kDqTilesPerPass; ++dt) {
@@ -389,29 +447,34 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 #pragma unroll
       for (int ks = 0; ks < Traits::kKeySlices; ++ks) {
         uint32_t a_ds[4];
-        mma::load_matrix_x4_trans(
-            a_ds, swizzled<kBlockM>(ds_tile, 16 * ks + lane % 8 + 8 * (lane / 16), 2 * warp + (lane / 8) % 2));
+        mma::load_matrix_x4_trans(a_ds, ds_a + 16 * ks * kBlockM * 2);
 #pragma unroll
         for (int dp = 0; dp < Traits::kDqTilesPerPass / 2; ++dp) {
-          const int chunk = 2 * (pass * Traits::kDqTilesPerPass / 2 + dp) + lane / 16;
           uint32_t b_k[4];
-          mma::load_matrix_x4_trans(b_k, swizzled<kHeadDim>(k_tile, 16 * ks + lane % 8 + 8 * ((lane / 8) % 2), chunk));
+          mma::load_matrix_x4_trans(b_k, rows_bt.at(16 * ks, (dq_tile0 + pass * Traits::kDqTilesPerPass) / 2 + dp) + Traits::kKOffset);
           mma::mma_16x8x16<Element>(dq[2 * dp], a_ds, b_k[0], b_k[1]);
           mma::mma_16x8x16<Element>(dq[2 * dp + 1], a_ds, b_k[2], b_k[3]);
         }
       }
+      // Four consecutive dims per thread: even t takes row g, dims 2t..2t+3 (its own pair and
+      // t + 1's), odd t row g + 8, dims 2t-2..2t+1; one 16 B reduction each.
 #pragma unroll
       for (int dt = 0; dt < Traits::kDqTilesPerPass; ++dt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = g + 8 * (e / 2);
-          const int dim = (pass * Traits::kDqTilesPerPass + dt) * 8 + 2 * t + e % 2;
-          float* at = dq_rows + row * kHeadDim + dim;
-          if constexpr (kDeterministic) {
-            __stcg(at, __ldcg(at) + dq[dt][e]);
-          } else {
-            atomicAdd(at, dq[dt][e]);
-          }
+        const bool even = t % 2 == 0;
+        const float give0 = even ? dq[dt][2] : dq[dt][0];
+        const float give1 = even ? dq[dt][3] : dq[dt][1];
+        const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+        const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+        const float4 sum = even ? make_float4(dq[dt][0], dq[dt][1], got0, got1)
+                                : make_float4(got0, got1, dq[dt][2], dq[dt][3]);
+        const int row = even ? g : g + 8;
+        const int dim = (dq_tile0 + pass * Traits::kDqTilesPerPass + dt) * 8 + 2 * (t & ~1);
+        float4* at = reinterpret_cast<float4*>(dq_rows + row * kHeadDim + dim);
+        if constexpr (kDeterministic) {
+          const float4 old = __ldcg(at);
+          __stcg(at, make_float4(old.x + sum.x, old.y + sum.y, old.z + sum.z, old.w + sum.w));
+        } else {
+          reduce_add_16B(at, sum);
         }
       }
     }
@@ -441,30 +504,37 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 
 }  // namespace flash_bwd
 
+// Warps per block of the main kernel: kWarps x 16 keys per block.
+constexpr int kFlashBwdMmaWarps = 8;
+
 /// \brief The main backward kernel; grid (key blocks, batch * heads_kv folded over y and z).
-template <typename Element, int kHeadDim, bool kCausal, bool kDeterministic>
-__global__ void __launch_bounds__(FlashBwdMmaTraits<Element, kHeadDim>::kThreads, 2)
+/// 255 registers per thread: one block of 8 warps (or two of 4) per SM.
+template <typename Element, int kHeadDim, int kWarps, bool kCausal, bool kDeterministic>
+__global__ void __launch_bounds__(kWarps * 32, 8 / kWarps)
     flash_bwd_mma_kernel(const __grid_constant__ AttentionBackwardParams p, const FlashBwdWorkspace ws) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // cp.async and bf16 mma need sm_80; mma_can_implement_backward refuses older devices
 #else
-  flash_bwd::backward_block<FlashBwdMmaTraits<Element, kHeadDim>, kCausal, kDeterministic>(p, ws);
+  flash_bwd::backward_block<FlashBwdMmaTraits<Element, kHeadDim, kWarps>, kCausal, kDeterministic>(p, ws);
 #endif
 }
+
+// Keys per block of the main kernel.
+inline constexpr int64_t kFlashBwdMmaBlockN = FlashBwdMmaTraits<__half, 64, kFlashBwdMmaWarps>::kBlockN;
 
 // Shared memory per main-kernel block for a head dim (the same for both 16-bit types), 0 if unsupported.
 inline int flash_bwd_mma_smem_bytes(int64_t head_dim) {
   switch (head_dim) {
-    case 64: return FlashBwdMmaTraits<__half, 64>::kSmemBytes;
-    case 128: return FlashBwdMmaTraits<__half, 128>::kSmemBytes;
+    case 64: return FlashBwdMmaTraits<__half, 64, kFlashBwdMmaWarps>::kSmemBytes;
+    case 128: return FlashBwdMmaTraits<__half, 128, kFlashBwdMmaWarps>::kSmemBytes;
     default: return 0;
   }
 }
 
 // Bytes of the workspace: dQ accumulator, lse * log2(e), D, and (deterministic) the semaphores.
 inline size_t flash_bwd_mma_workspace_bytes(const AttentionBackwardParams& p, int64_t* m_pad) {
-  constexpr int64_t kBlockM = FlashBwdMmaTraits<__half, 64>::kBlockM;
-  static_assert(kBlockM == FlashBwdMmaTraits<__nv_bfloat16, 128>::kBlockM);
+  constexpr int64_t kBlockM = FlashBwdMmaTraits<__half, 64, kFlashBwdMmaWarps>::kBlockM;
+  static_assert(kBlockM == FlashBwdMmaTraits<__nv_bfloat16, 128, 4>::kBlockM);
   *m_pad = (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM;
   const int64_t rows = p.batch * p.heads * *m_pad;
   size_t bytes = static_cast<size_t>(rows) * (p.head_dim + 2) * sizeof(float);
@@ -482,9 +552,9 @@ extern template Status launch_flash_bwd_mma<__half, 128>(const AttentionBackward
 extern template Status launch_flash_bwd_mma<__nv_bfloat16, 64>(const AttentionBackwardParams&, void*, cudaStream_t);
 extern template Status launch_flash_bwd_mma<__nv_bfloat16, 128>(const AttentionBackwardParams&, void*, cudaStream_t);
 
-template <typename Element, int kHeadDim, bool kCausal, bool kDeterministic>
+template <typename Element, int kHeadDim, int kWarps, bool kCausal, bool kDeterministic>
 Status launch_flash_bwd_mma_main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, cudaStream_t stream) {
-  using Traits = FlashBwdMmaTraits<Element, kHeadDim>;
+  using Traits = FlashBwdMmaTraits<Element, kHeadDim, kWarps>;
   constexpr int64_t kMaxGridYZ = 65535;
   const int64_t bhk = p.batch * p.heads_kv;
   const int64_t grid_x = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
@@ -492,22 +562,31 @@ Status launch_flash_bwd_mma_main(const AttentionBackwardParams& p, const FlashBw
   const int64_t grid_z = (bhk + grid_y - 1) / grid_y;
   if (grid_x > INT32_MAX || grid_z > kMaxGridYZ) {
     return Status::NotSupported("backend 'mma' (backward) supports batch * heads_kv up to 4294836225 and "
-                                "ceil(seqlen_k / 64) up to 2147483647");
+                                "ceil(seqlen_k / " + std::to_string(Traits::kBlockN) + ") up to 2147483647");
   }
-  const auto kernel = flash_bwd_mma_kernel<Element, kHeadDim, kCausal, kDeterministic>;
+  const auto kernel = flash_bwd_mma_kernel<Element, kHeadDim, kWarps, kCausal, kDeterministic>;
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y), static_cast<unsigned>(grid_z));
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, ws);
   return cuda_status(cudaGetLastError(), "flash_bwd_mma_kernel launch");
 }
 
+template <typename Element, int kHeadDim, int kWarps>
+Status launch_flash_bwd_mma_main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, cudaStream_t stream) {
+  if (p.is_causal) {
+    return p.deterministic ? launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, true, true>(p, ws, stream)
+                           : launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, true, false>(p, ws, stream);
+  }
+  return p.deterministic ? launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, false, true>(p, ws, stream)
+                         : launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, false, false>(p, ws, stream);
+}
+
 template <typename Element, int kHeadDim>
 Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
-  using Traits = FlashBwdMmaTraits<Element, kHeadDim>;
+  using Traits = FlashBwdMmaTraits<Element, kHeadDim, kFlashBwdMmaWarps>;
   constexpr int64_t kMaxGrid = 1 << 20;  // grid-stride kernels: enough blocks to fill any GPU
   FlashBwdWorkspace ws;
-  const size_t bytes = flash_bwd_mma_workspace_bytes(p, &ws.m_pad);
-  (void)bytes;
+  flash_bwd_mma_workspace_bytes(p, &ws.m_pad);
   const int64_t rows = p.batch * p.heads * ws.m_pad;
   ws.dq_accum = static_cast<float*>(workspace);
   ws.lse_log2 = ws.dq_accum + rows * kHeadDim;
@@ -524,14 +603,9 @@ Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, c
     WAVEBOOST_CUDA_RETURN(cudaGetLastError());
   }
   if (p.seqlen_k > 0) {
-    Status s;
-    if (p.is_causal) {
-      s = p.deterministic ? launch_flash_bwd_mma_main<Element, kHeadDim, true, true>(p, ws, stream)
-                          : launch_flash_bwd_mma_main<Element, kHeadDim, true, false>(p, ws, stream);
-    } else {
-      s = p.deterministic ? launch_flash_bwd_mma_main<Element, kHeadDim, false, true>(p, ws, stream)
-                          : launch_flash_bwd_mma_main<Element, kHeadDim, false, false>(p, ws, stream);
-    }
+    const char* warps = getenv("WAVEBOOST_BWD_MMA_WARPS");
+    const Status s = warps != nullptr && warps[0] == '4' ? launch_flash_bwd_mma_main<Element, kHeadDim, 4>(p, ws, stream)
+                                                           : launch_flash_bwd_mma_main<Element, kHeadDim, 8>(p, ws, stream);
     if (!s.ok()) return s;
   }
   const int64_t chunks = p.batch * p.heads * p.seqlen_q * (kHeadDim / 8);
