@@ -160,15 +160,18 @@ Status mma_can_implement_backward(const AttentionBackwardParams& p) {
     return Status::NotSupported("backend 'mma' needs compute capability >= 8.0; device " +
                                 std::to_string(p.device_id) + " has " + cc_string(cc));
   }
-  constexpr int64_t kBlockN = kFlashBwdMmaBlockN;
+  const int64_t block_n = flash_bwd_mma_block_n(p.head_dim);
   const int64_t bhk = p.batch * p.heads_kv;
-  if ((p.seqlen_k + kBlockN - 1) / kBlockN > INT32_MAX || bhk > int64_t{65535} * 65535) {
+  if ((p.seqlen_k + block_n - 1) / block_n > INT32_MAX || bhk > int64_t{65535} * 65535) {
     return Status::NotSupported("backend 'mma' (backward) supports batch * heads_kv up to 4294836225 and "
-                                "ceil(seqlen_k / " + std::to_string(kBlockN) + ") up to 2147483647; got " +
+                                "ceil(seqlen_k / " + std::to_string(block_n) + ") up to 2147483647; got " +
                                 std::to_string(bhk) + " and seqlen_k " + std::to_string(p.seqlen_k));
   }
-  if (p.deterministic && (p.seqlen_k + kBlockN - 1) / kBlockN > INT32_MAX / 2) {
-    return Status::NotSupported("backend 'mma' (backward, deterministic) supports seqlen_k up to 2^36");
+  if (p.deterministic && (p.seqlen_k + block_n - 1) / block_n > INT32_MAX / 2) {
+    // the semaphores count key blocks in int
+    return Status::NotSupported("backend 'mma' (backward, deterministic) supports ceil(seqlen_k / " +
+                                std::to_string(block_n) + ") up to 1073741823; got seqlen_k " +
+                                std::to_string(p.seqlen_k));
   }
   int smem_optin = 0;
   WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));

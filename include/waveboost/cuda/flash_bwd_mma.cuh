@@ -14,9 +14,10 @@
 //                  dS^T = P^T * (dP^T - D)       (the gradient of the scaled score; dlse is in D)
 //                  dV  += P^T dO                 P^T's accumulators are the A operand as they stand
 //                  dK  += dS^T Q                 likewise dS^T (c is applied at the end)
-//                  dQ  += dS K                   dS^T through shared memory; fp32 atomics into the
-//                                                accumulator, or, deterministic, plain adds by one
-//                                                key block at a time in key-block order (a
+//                  dQ  += dS K                   dS^T through shared memory; 16 B fp32 reductions
+//                                                into the accumulator (red.global.add.v4.f32 on
+//                                                sm_90), or, deterministic, plain adds by one key
+//                                                block at a time in key-block order (a
 //                                                per-(head, query block) semaphore)
 //   convert      dq = c * dQ accumulator, in the element type
 //
@@ -27,7 +28,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -504,8 +504,12 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 
 }  // namespace flash_bwd
 
-// Warps per block of the main kernel: kWarps x 16 keys per block.
-constexpr int kFlashBwdMmaWarps = 8;
+// Warps per block of the main kernel (kWarps x 16 keys per block). On an H100 (bf16, FA2 grid,
+// benchmarks/backward_bench.py) 8 warps ran head dim 128 1.18-1.31x faster than 4 (half the dQ
+// reductions and Q/dO loads per key); at head dim 64 the two were within 10% of each other,
+// with 4 (two blocks per SM) ahead on causal.
+template <int kHeadDim>
+inline constexpr int kFlashBwdMmaWarps = kHeadDim == 128 ? 8 : 4;
 
 /// \brief The main backward kernel; grid (key blocks, batch * heads_kv folded over y and z).
 /// 255 registers per thread: one block of 8 warps (or two of 4) per SM.
@@ -519,22 +523,31 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps)
 #endif
 }
 
-// Keys per block of the main kernel.
-inline constexpr int64_t kFlashBwdMmaBlockN = FlashBwdMmaTraits<__half, 64, kFlashBwdMmaWarps>::kBlockN;
+template <int kHeadDim>
+using FlashBwdMmaTraitsFor = FlashBwdMmaTraits<__half, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>;
+
+// Keys per block of the main kernel for a head dim (the same for both 16-bit types), 0 if unsupported.
+inline int64_t flash_bwd_mma_block_n(int64_t head_dim) {
+  switch (head_dim) {
+    case 64: return FlashBwdMmaTraitsFor<64>::kBlockN;
+    case 128: return FlashBwdMmaTraitsFor<128>::kBlockN;
+    default: return 0;
+  }
+}
 
 // Shared memory per main-kernel block for a head dim (the same for both 16-bit types), 0 if unsupported.
 inline int flash_bwd_mma_smem_bytes(int64_t head_dim) {
   switch (head_dim) {
-    case 64: return FlashBwdMmaTraits<__half, 64, kFlashBwdMmaWarps>::kSmemBytes;
-    case 128: return FlashBwdMmaTraits<__half, 128, kFlashBwdMmaWarps>::kSmemBytes;
+    case 64: return FlashBwdMmaTraitsFor<64>::kSmemBytes;
+    case 128: return FlashBwdMmaTraitsFor<128>::kSmemBytes;
     default: return 0;
   }
 }
 
 // Bytes of the workspace: dQ accumulator, lse * log2(e), D, and (deterministic) the semaphores.
 inline size_t flash_bwd_mma_workspace_bytes(const AttentionBackwardParams& p, int64_t* m_pad) {
-  constexpr int64_t kBlockM = FlashBwdMmaTraits<__half, 64, kFlashBwdMmaWarps>::kBlockM;
-  static_assert(kBlockM == FlashBwdMmaTraits<__nv_bfloat16, 128, 4>::kBlockM);
+  constexpr int64_t kBlockM = FlashBwdMmaTraitsFor<64>::kBlockM;
+  static_assert(kBlockM == FlashBwdMmaTraitsFor<128>::kBlockM);
   *m_pad = (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM;
   const int64_t rows = p.batch * p.heads * *m_pad;
   size_t bytes = static_cast<size_t>(rows) * (p.head_dim + 2) * sizeof(float);
@@ -583,7 +596,7 @@ Status launch_flash_bwd_mma_main(const AttentionBackwardParams& p, const FlashBw
 
 template <typename Element, int kHeadDim>
 Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
-  using Traits = FlashBwdMmaTraits<Element, kHeadDim, kFlashBwdMmaWarps>;
+  using Traits = FlashBwdMmaTraits<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>;
   constexpr int64_t kMaxGrid = 1 << 20;  // grid-stride kernels: enough blocks to fill any GPU
   FlashBwdWorkspace ws;
   flash_bwd_mma_workspace_bytes(p, &ws.m_pad);
@@ -603,10 +616,9 @@ Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, c
     WAVEBOOST_CUDA_RETURN(cudaGetLastError());
   }
   if (p.seqlen_k > 0) {
-    const char* warps = getenv("WAVEBOOST_BWD_MMA_WARPS");
-    const Status s = warps != nullptr && warps[0] == '4' ? launch_flash_bwd_mma_main<Element, kHeadDim, 4>(p, ws, stream)
-                                                           : launch_flash_bwd_mma_main<Element, kHeadDim, 8>(p, ws, stream);
-    if (!s.ok()) return s;
+    if (Status s = launch_flash_bwd_mma_main<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>(p, ws, stream); !s.ok()) {
+      return s;
+    }
   }
   const int64_t chunks = p.batch * p.heads * p.seqlen_q * (kHeadDim / 8);
   if (chunks > 0) {
