@@ -394,3 +394,153 @@ def test_gpu_backward_on_a_forward_only_backend_names_those_with_one():
     for backend in ("simt", "wmma"):
         with pytest.raises(ValueError, match="forward-only.*'naive'"):
             waveboost.attention_backward(q, q, q, q, out, lse, backend=backend)
+
+
+# ---------------------------------------------------------------------------
+# PyTorch: autograd through waveboost.torch.attention and waveboost.attention
+# ---------------------------------------------------------------------------
+
+
+def _torch_leaves(rng, shape, dtype_name="float64"):
+    torch = pytest.importorskip("torch")
+    dtype = getattr(torch, dtype_name)
+    b, lq, lk, h, hkv, d = shape
+    q, k, v = random_qkv(rng, b, lq, lk, h, hkv, d, np.float64)
+    return [torch.tensor(x, dtype=dtype).requires_grad_(True) for x in (q, k, v)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 9, 11, 4, 2, 8), (1, 7, 3, 2, 1, 5), (1, 1, 6, 3, 3, 4)], ids=_ids)
+def test_torch_gradcheck_float64(rng, shape, causal):
+    # Through the custom op (waveboost.torch.attention) and the generic API on tensors that
+    # require grad (which must take the same differentiable route).
+    import torch
+
+    import waveboost.torch as wbt
+
+    leaves = _torch_leaves(rng, shape)
+    assert torch.autograd.gradcheck(lambda q, k, v: wbt.attention(q, k, v, causal=causal), leaves)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: waveboost.attention(q, k, v, causal=causal, softmax_scale=-0.6), leaves)
+
+
+def test_torch_gradient_into_lse_is_honoured(rng):
+    import torch
+
+    import waveboost.torch as wbt
+
+    leaves = _torch_leaves(rng, (2, 13, 17, 4, 2, 16))
+    out, lse = wbt.attention(*leaves, causal=True, return_lse=True)
+    dout = torch.randn_like(out)
+    dlse = torch.randn_like(lse)
+    got = torch.autograd.grad((out * dout).sum() + (lse * dlse).sum(), leaves, retain_graph=True)
+    ref = attention_backward_ref(dout.numpy(), *(x.detach().numpy() for x in leaves), causal=True,
+                                 dlse=dlse.numpy())
+    for g, r in zip(got, ref):
+        assert rel_err(g.numpy(), r) < 1e-12
+    # lse alone: dout is zero, and dV must be exactly zero.
+    got = torch.autograd.grad((lse * dlse).sum(), leaves)
+    assert torch.all(got[2] == 0) and torch.any(got[0] != 0)
+
+
+def test_torch_generic_api_does_not_detach(rng):
+    import torch
+
+    q, k, v = _torch_leaves(rng, (1, 5, 5, 2, 1, 8))
+    out = waveboost.attention(q, k, v)
+    assert out.requires_grad and out.grad_fn is not None
+    with torch.no_grad():
+        assert not waveboost.attention(q, k, v).requires_grad
+    with pytest.raises(ValueError, match="out= cannot be used when q, k or v requires grad"):
+        waveboost.attention(q, k, v, out=torch.empty_like(q.detach()))
+    with torch.no_grad():  # out= is fine where no graph is recorded
+        waveboost.attention(q, k, v, out=torch.empty_like(q.detach()))
+
+
+def test_torch_opcheck_with_autograd(rng):
+    import torch
+
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    q, k, v = _torch_leaves(rng, (2, 9, 12, 4, 2, 16))
+    for causal, scale in ((True, None), (False, 0.3)):
+        result = torch.library.opcheck(torch.ops.waveboost.attention.default, (q, k, v, causal, scale, "auto"),
+                                       test_utils=utils)
+        assert result == dict.fromkeys(utils, "SUCCESS")
+    import waveboost.torch as wbt
+
+    out, lse = wbt.attention(q, k, v, return_lse=True)
+    args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
+            torch.randn_like(lse), False, None, False, "auto")
+    result = torch.library.opcheck(torch.ops.waveboost.attention_backward.default, args, test_utils=utils)
+    assert result == dict.fromkeys(utils, "SUCCESS")
+
+
+def test_torch_compile_traces_forward_and_backward(rng):
+    import torch
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    import waveboost.torch as wbt
+
+    graphs = {"forward": [], "backward": []}
+
+    def recorder(kind):
+        def compiler(gm, example_inputs):
+            graphs[kind].append(gm.code)
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    backend = aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward"))
+
+    def step(q, k, v):
+        out, lse = wbt.attention(q, k, v, causal=True, return_lse=True)
+        return (out * out).sum() + lse.sum()
+
+    leaves = _torch_leaves(rng, (2, 11, 13, 4, 2, 8))
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    grads = torch.autograd.grad(compiled(*leaves), leaves)
+    assert any("waveboost.attention.default" in g for g in graphs["forward"])
+    assert any("waveboost.attention_backward.default" in g for g in graphs["backward"])
+    expected = torch.autograd.grad(step(*leaves), leaves)
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+def test_torch_multihead_attention_trains_like_sdpa(dtype_name):
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    import waveboost.torch as wbt
+
+    dtype = getattr(torch, dtype_name)
+    torch.manual_seed(0)
+    embed, heads, kv_heads, batch, seqlen = 32, 4, 2, 3, 19
+    model = wbt.MultiheadAttention(embed, heads, kv_heads, causal=True, dtype=dtype)
+    twin = wbt.MultiheadAttention(embed, heads, kv_heads, causal=True, dtype=dtype)
+    twin.load_state_dict(model.state_dict())
+
+    def sdpa_forward(m, x):  # the same module with PyTorch's attention
+        b, l, _ = x.shape
+        q = m.q_proj(x).view(b, l, m.num_heads, m.head_dim).transpose(1, 2)
+        k = m.k_proj(x).view(b, l, m.num_kv_heads, m.head_dim).transpose(1, 2)
+        v = m.v_proj(x).view(b, l, m.num_kv_heads, m.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return m.out_proj(out.transpose(1, 2).reshape(b, l, m.embed_dim))
+
+    x = torch.randn(batch, seqlen, embed, dtype=dtype)
+    target = torch.randn(batch, seqlen, embed, dtype=dtype)
+    losses = {"waveboost": [], "sdpa": []}
+    for name, m, fwd in (("waveboost", model, lambda m, x: m(x)), ("sdpa", twin, sdpa_forward)):
+        opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+        for _ in range(15):
+            opt.zero_grad()
+            loss = F.mse_loss(fwd(m, x), target)
+            loss.backward()
+            opt.step()
+            losses[name].append(loss.item())
+    ours, theirs = np.array(losses["waveboost"]), np.array(losses["sdpa"])
+    assert ours[-1] < 0.8 * ours[0], "the loss must go down"
+    tol = 1e-4 if dtype_name == "float32" else 1e-10
+    np.testing.assert_allclose(ours, theirs, rtol=tol)

@@ -139,6 +139,15 @@ def _check_shape(x: Any, arg: str) -> tuple:
     return shape
 
 
+def _torch_needs_grad(tensors: tuple) -> bool:
+    """Whether autograd would record an op on these torch tensors."""
+    if not any(t.requires_grad for t in tensors):
+        return False
+    import torch
+
+    return torch.is_grad_enabled()
+
+
 def attention(
     q: Any,
     k: Any,
@@ -183,6 +192,16 @@ def attention(
         other = _adapter_for(t, name)
         if other.name != adapter.name:
             raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
+    if adapter.name == "torch" and _torch_needs_grad((q, k, v)):
+        # Differentiable route: the waveboost::attention custom op and its autograd formula.
+        if out is not None:
+            raise ValueError("out= cannot be used when q, k or v requires grad (with grad mode on): the result "
+                             "must be a new tensor for autograd to differentiate; drop out=, or call under "
+                             "torch.no_grad()")
+        from . import torch as waveboost_torch
+
+        return waveboost_torch.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                         return_lse=return_lse, backend=backend)
     if adapter.name == "jax":
         from . import jax as waveboost_jax
 
