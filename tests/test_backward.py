@@ -544,3 +544,85 @@ def test_torch_multihead_attention_trains_like_sdpa(dtype_name):
     assert ours[-1] < 0.8 * ours[0], "the loss must go down"
     tol = 1e-4 if dtype_name == "float32" else 1e-10
     np.testing.assert_allclose(ours, theirs, rtol=tol)
+
+
+# ---------------------------------------------------------------------------
+# JAX: jax.custom_vjp over the XLA FFI backward
+# ---------------------------------------------------------------------------
+
+
+def _jax_or_skip():
+    jax = pytest.importorskip("jax")
+    import waveboost.jax as wj
+
+    if not wj.ffi_available():
+        pytest.skip("this build of waveboost has no XLA FFI handlers (jaxlib's headers were not found at build time)")
+    return jax, wj
+
+
+def _jax_qkv(rng, shape, dtype=np.float64):
+    import jax.numpy as jnp
+
+    b, lq, lk, h, hkv, d = shape
+    return tuple(jnp.asarray(x) for x in random_qkv(rng, b, lq, lk, h, hkv, d, dtype))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 9, 11, 4, 2, 8), (1, 7, 3, 2, 1, 5)], ids=_ids)
+def test_jax_check_grads_float64(rng, shape, causal):
+    jax, wj = _jax_or_skip()
+    from jax.test_util import check_grads
+
+    with jax.enable_x64(True):
+        q, k, v = _jax_qkv(rng, shape)
+        check_grads(lambda q, k, v: wj.attention(q, k, v, causal=causal), (q, k, v), order=1, modes=["rev"])
+        check_grads(jax.jit(lambda q, k, v: wj.attention(q, k, v, causal=causal, softmax_scale=-0.4)), (q, k, v),
+                    order=1, modes=["rev"])
+
+
+def test_jax_grad_under_jit_vmap_and_checkpoint_matches_reference(rng):
+    jax, wj = _jax_or_skip()
+    import jax.numpy as jnp
+
+    with jax.enable_x64(True):
+        q, k, v = _jax_qkv(rng, (2, 13, 17, 4, 2, 16))
+        w = jnp.asarray(rng.standard_normal(q.shape))
+
+        def loss(q, k, v):
+            out, lse = wj.attention(q, k, v, causal=True, return_lse=True)
+            return jnp.sum(out * w) + jnp.sum(jnp.sin(lse))  # a cotangent into lse too
+
+        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+        _, lse = wj.attention(q, k, v, causal=True, return_lse=True)
+        dlse = np.cos(np.asarray(lse, np.float64)).astype(np.float32)
+        ref = attention_backward_ref(np.asarray(w), np.asarray(q), np.asarray(k), np.asarray(v), causal=True,
+                                     dlse=dlse)
+        for g, r in zip(grads, ref):
+            # lse is float32 whatever the inputs: its cotangent carries float32 rounding.
+            assert rel_err(np.asarray(g), r) < 1e-6
+        remat = jax.grad(jax.checkpoint(loss), argnums=(0, 1, 2))(q, k, v)
+        for a, b in zip(remat, grads):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        # vmap over a leading axis of q (k, v shared): each slice's gradient as computed alone.
+        qs = jnp.stack([q, 0.5 * q, -q])
+        batched = jax.vmap(jax.grad(loss), in_axes=(0, None, None))(qs, k, v)
+        for i in range(3):
+            alone = jax.grad(loss)(qs[i], k, v)
+            np.testing.assert_allclose(np.asarray(batched[i]), np.asarray(alone), rtol=1e-12, atol=1e-12)
+
+
+def test_jax_forward_only_backend_trains_on_auto_and_explicit_backward_refuses(rng):
+    jax, wj = _jax_or_skip()
+    import jax.numpy as jnp
+
+    q, k, v = _jax_qkv(rng, (1, 5, 5, 2, 1, 8), np.float32)
+    out, lse = wj.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="'simt' is forward-only.*'cpu'"):
+        wj.attention_backward(out, q, k, v, out, lse, backend="simt")
+    with pytest.raises(TypeError, match="lse must have dtype float32"):
+        wj.attention_backward(out, q, k, v, out, lse.astype(jnp.float16))
+    with pytest.raises(ValueError, match=r"dout has shape \(1, 4, 2, 8\) but q has shape \(1, 5, 2, 8\)"):
+        wj.attention_backward(out[:, :4], q, k, v, out, lse)
+    g = jax.grad(lambda q: jnp.sum(wj.attention(q, k, v, backend="cpu") ** 2))(q)
+    ref = attention_backward_ref(2 * np.asarray(out), np.asarray(q), np.asarray(k), np.asarray(v))[0]
+    assert rel_err(np.asarray(g), ref) < 1e-5
