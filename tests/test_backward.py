@@ -626,3 +626,129 @@ def test_jax_forward_only_backend_trains_on_auto_and_explicit_backward_refuses(r
     g = jax.grad(lambda q: jnp.sum(wj.attention(q, k, v, backend="cpu") ** 2))(q)
     ref = attention_backward_ref(2 * np.asarray(out), np.asarray(q), np.asarray(k), np.asarray(v))[0]
     assert rel_err(np.asarray(g), ref) < 1e-5
+
+
+# ---------------------------------------------------------------------------
+# Frameworks on CUDA: autograd, torch.compile, CUDA graphs, JAX
+# ---------------------------------------------------------------------------
+
+
+def _cuda_qkv(shape, dtype, seed):
+    import torch
+
+    b, lq, lk, h, hkv, d = shape
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=gen, device="cuda").to(dtype)  # noqa: E731
+    return mk(b, lq, h, d), mk(b, lk, hkv, d), mk(b, lk, hkv, d)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dname", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("shape", [(2, 257, 97, 8, 2, 64), (1, 97, 257, 8, 8, 128), (2, 7, 7, 4, 1, 40)], ids=_ids)
+def test_gpu_torch_autograd_matches_reference(dname, shape):
+    import torch
+
+    import waveboost.torch as wbt
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dname]
+    q, k, v = (x.requires_grad_(True) for x in _cuda_qkv(shape, dtype, 11))
+    try:
+        waveboost.resolve_backend(q, k, v, causal=True, backward=True)
+    except ValueError as e:
+        pytest.skip(f"no CUDA backward for this case: {e}")
+    out, lse = wbt.attention(q, k, v, causal=True, return_lse=True)
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    got = torch.autograd.grad((out, lse), (q, k, v), (dout, dlse))
+    scale = 1 / math.sqrt(shape[-1])
+    ref = _torch_grads(dout, q, k, v, True, scale, dlse, torch.float64)
+    naive = _torch_grads(dout, q, k, v, True, scale, dlse, dtype)
+    for name, g, r, n in zip(("dq", "dk", "dv"), got, ref, naive):
+        assert g.dtype == dtype and torch.isfinite(g).all(), name
+        err = (g.double() - r).abs().max().item()
+        if dname == "fp32":
+            assert ((g.double() - r).norm() / r.norm()).item() < 1e-5, name
+        else:
+            naive_err = (n.double() - r).abs().max().item()
+            assert err <= 2 * naive_err + 1e-3 * r.abs().max().item() + 1e-5, (name, err, naive_err)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_and_cuda_graph_training_step():
+    import torch
+
+    import waveboost.torch as wbt
+
+    torch.manual_seed(0)
+    model = wbt.MultiheadAttention(256, 4, 2, causal=True, device="cuda", dtype=torch.bfloat16)
+    x0 = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16)
+    q = torch.empty(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16)  # the module's (B, L, H, D) views
+    try:
+        waveboost.resolve_backend(q, q[:, :, :2], q[:, :, :2], causal=True, backward=True)
+    except ValueError as e:
+        pytest.skip(f"no CUDA backward for this case: {e}")
+
+    def eager_grads(x):
+        model.zero_grad(set_to_none=True)
+        model(x).float().square().mean().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    expected = eager_grads(x0)
+    # torch.compile: forward and backward in one graph each, no graph break.
+    compiled = torch.compile(model, fullgraph=True)
+    model.zero_grad(set_to_none=True)
+    compiled(x0).float().square().mean().backward()
+    for p, e in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad, e, rtol=2e-2, atol=2e-2)
+    # A whole step (forward, backward) captured in a CUDA graph and replayed on new data.
+    static_x = x0.clone()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up outside the capture
+            for p in model.parameters():
+                p.grad.zero_()
+            model(static_x).float().square().mean().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for p in model.parameters():
+            p.grad.zero_()
+        model(static_x).float().square().mean().backward()
+    x1 = torch.randn_like(x0)
+    static_x.copy_(x1)
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = [p.grad.clone() for p in model.parameters()]
+    # dQ may be accumulated with atomics (a different summation order per run): bf16 tolerances.
+    for r, e in zip(replayed, eager_grads(x1)):
+        torch.testing.assert_close(r, e)
+
+
+@pytest.mark.gpu
+def test_gpu_jax_grad_under_jit_matches_reference():
+    jax, wj = _jax_or_skip()
+    import jax.numpy as jnp
+
+    gpus = [d for d in jax.devices() if d.platform == "gpu"] if jax.default_backend() == "gpu" else []
+    if not gpus:
+        pytest.skip("JAX sees no GPU")
+    rng = np.random.default_rng(3)
+    b, lq, lk, h, hkv, d = 2, 97, 257, 8, 2, 64
+    arrays = random_qkv(rng, b, lq, lk, h, hkv, d, np.float32)
+    w = rng.standard_normal((b, lq, h, d)).astype(np.float32)
+    # bf16: P, dS and the gradients are rounded to bf16 (unit roundoff 2^-8) on the way.
+    for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)):
+        q, k, v = (jax.device_put(jnp.asarray(x, dtype), gpus[0]) for x in arrays)
+
+        def loss(q, k, v):
+            return jnp.sum(wj.attention(q, k, v, causal=True).astype(jnp.float32) * w)
+
+        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+        qf, kf, vf = (np.asarray(x.astype(jnp.float32), np.float64) for x in (q, k, v))
+        ref = attention_backward_ref(w, qf, kf, vf, causal=True)
+        for g, r in zip(grads, ref):
+            g = np.asarray(g.astype(jnp.float32))
+            assert np.isfinite(g).all()
+            assert rel_err(g, r) < tol
