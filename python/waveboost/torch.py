@@ -89,10 +89,14 @@ def _setup_context(ctx, inputs, output) -> None:
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
+    # An output nobody differentiated arrives as None rather than zeros: no dlse term for an unused lse.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out: Tensor, grad_lse: Tensor):
     q, k, v, out, lse = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
     # A forward-only backend named for the forward computes the gradient on the automatic choice.
     backend = ctx.backend if _api._waveboost.backend_has_backward(ctx.backend) else "auto"
     dq, dk, dv = torch.ops.waveboost.attention_backward(
