@@ -414,7 +414,7 @@ def _torch_leaves(rng, shape, dtype_name="float64"):
 def test_torch_gradcheck_float64(rng, shape, causal):
     # Through the custom op (waveboost.torch.attention) and the generic API on tensors that
     # require grad (which must take the same differentiable route).
-    import torch
+    torch = pytest.importorskip("torch")
 
     import waveboost.torch as wbt
 
@@ -425,7 +425,7 @@ def test_torch_gradcheck_float64(rng, shape, causal):
 
 
 def test_torch_gradient_into_lse_is_honoured(rng):
-    import torch
+    torch = pytest.importorskip("torch")
 
     import waveboost.torch as wbt
 
@@ -444,7 +444,7 @@ def test_torch_gradient_into_lse_is_honoured(rng):
 
 
 def test_torch_generic_api_does_not_detach(rng):
-    import torch
+    torch = pytest.importorskip("torch")
 
     q, k, v = _torch_leaves(rng, (1, 5, 5, 2, 1, 8))
     out = waveboost.attention(q, k, v)
@@ -458,7 +458,7 @@ def test_torch_generic_api_does_not_detach(rng):
 
 
 def test_torch_opcheck_with_autograd(rng):
-    import torch
+    torch = pytest.importorskip("torch")
 
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     q, k, v = _torch_leaves(rng, (2, 9, 12, 4, 2, 16))
@@ -476,7 +476,7 @@ def test_torch_opcheck_with_autograd(rng):
 
 
 def test_torch_compile_traces_forward_and_backward(rng):
-    import torch
+    torch = pytest.importorskip("torch")
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 

@@ -176,6 +176,10 @@ def attention(
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse`` is true; arrays of ``q``'s framework.
+
+    PyTorch tensors that require grad (with grad mode on) go through ``waveboost.torch.attention``,
+    which autograd differentiates; ``out=`` is refused there. Gradients otherwise come from
+    ``attention_backward``.
     """
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, one of {BACKENDS}; got {type(backend).__name__}")

@@ -125,6 +125,10 @@ def attention(
     causal mask) less ``out=``: the op allocates its outputs, which is what lets ``torch.compile``
     and CUDA graphs reason about it. ``lse`` is always computed (float32 (batch, heads, seqlen_q),
     a small fraction of the work) and returned when ``return_lse`` is true.
+
+    Differentiable with respect to q, k and v (through ``out`` and ``lse``). The backward runs on
+    ``backend`` when it has a backward pass and on ``"auto"`` otherwise (``simt``, ``wmma``);
+    ``torch.use_deterministic_algorithms(True)`` selects the deterministic backward.
     """
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
