@@ -752,3 +752,37 @@ def test_gpu_jax_grad_under_jit_matches_reference():
             g = np.asarray(g.astype(jnp.float32))
             assert np.isfinite(g).all()
             assert rel_err(g, r) < tol
+
+
+def test_jax_preallocated_gradients_need_concrete_arrays(rng):
+    jax, wj = _jax_or_skip()
+    import jax.numpy as jnp
+
+    q, k, v = _jax_qkv(rng, (1, 5, 6, 2, 1, 8), np.float32)
+    out, lse = wj.attention(q, k, v, return_lse=True)
+    # Eagerly, dq/dk/dv are written through DLPack.
+    dq, dk, dv = jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+    res = waveboost.attention_backward(out, q, k, v, out, lse, dq=dq, dk=dk, dv=dv)
+    ref = attention_backward_ref(np.asarray(out), np.asarray(q), np.asarray(k), np.asarray(v))
+    for g, r in zip(res, ref):
+        assert rel_err(np.asarray(g), r) < 1e-5
+    with pytest.raises(TypeError, match="dq=, dk= and dv= need concrete JAX arrays"):
+        jax.jit(lambda q: waveboost.attention_backward(out, q, k, v, out, lse, dq=dq)[0])(q)
+
+
+def test_cpu_backward_random_shapes_property():
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+
+    @hypothesis.settings(max_examples=40, deadline=None, derandomize=True)
+    @hypothesis.given(b=st.integers(1, 2), lq=st.integers(1, 70), lk=st.integers(1, 70), hkv=st.integers(1, 3),
+                      group=st.sampled_from([1, 2, 4]), d=st.integers(1, 20), causal=st.booleans(),
+                      scale=st.one_of(st.none(), st.floats(-3, 3)), with_dlse=st.booleans(), seed=st.integers(0, 99))
+    def check(b, lq, lk, hkv, group, d, causal, scale, with_dlse, seed):
+        rng = np.random.default_rng(seed)
+        shape = (b, lq, lk, hkv * group, hkv, d)
+        q, k, v, dout, dlse, out, lse = _inputs(rng, shape, np.float64, causal, scale, with_dlse)
+        grads = waveboost.attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=scale, dlse=dlse)
+        _check_grads(grads, q, k, v, dout, causal, scale, dlse, 1e-11)
+
+    check()

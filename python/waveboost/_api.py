@@ -328,7 +328,11 @@ def attention_backward(
             return waveboost_jax.attention_backward(dout, q, k, v, out, lse, causal=causal,
                                                     softmax_scale=softmax_scale, dlse=dlse,
                                                     deterministic=deterministic, backend=backend)
-        waveboost_jax._check_dlpack_fallback((dout, q, k, v, out, lse, dlse, dq, dk, dv), outputs_given)
+        arrays = (dout, q, k, v, out, lse, dlse, dq, dk, dv)
+        if outputs_given and any(isinstance(x, waveboost_jax.jax.core.Tracer) for x in arrays):
+            raise TypeError("dq=, dk= and dv= need concrete JAX arrays (they write into existing buffers); "
+                            "under jit or vmap call waveboost.attention_backward without them")
+        waveboost_jax._check_dlpack_fallback(arrays, False)
     qshape = _check_shape(q, "q")
     kshape = _check_shape(k, "k")
     vshape = _check_shape(v, "v")
