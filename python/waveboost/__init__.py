@@ -1,4 +1,4 @@
-"""waveboost: exact attention (FlashAttention-style forward) for NumPy, PyTorch, CuPy and JAX.
+"""waveboost: exact attention (FlashAttention-style forward and backward) for NumPy, PyTorch, CuPy and JAX.
 
 >>> import numpy as np, waveboost
 >>> q = np.random.randn(1, 128, 4, 64).astype(np.float32)   # (batch, seqlen, heads, head_dim)

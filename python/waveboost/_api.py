@@ -139,6 +139,15 @@ def _check_shape(x: Any, arg: str) -> tuple:
     return shape
 
 
+def _torch_needs_grad(tensors: tuple) -> bool:
+    """Whether autograd would record an op on these torch tensors."""
+    if not any(t.requires_grad for t in tensors):
+        return False
+    import torch
+
+    return torch.is_grad_enabled()
+
+
 def attention(
     q: Any,
     k: Any,
@@ -167,6 +176,10 @@ def attention(
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse`` is true; arrays of ``q``'s framework.
+
+    PyTorch tensors that require grad (with grad mode on) go through ``waveboost.torch.attention``,
+    which autograd differentiates; ``out=`` is refused there. Gradients otherwise come from
+    ``attention_backward``.
     """
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, one of {BACKENDS}; got {type(backend).__name__}")
@@ -183,6 +196,16 @@ def attention(
         other = _adapter_for(t, name)
         if other.name != adapter.name:
             raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
+    if adapter.name == "torch" and _torch_needs_grad((q, k, v)):
+        # Differentiable route: the waveboost::attention custom op and its autograd formula.
+        if out is not None:
+            raise ValueError("out= cannot be used when q, k or v requires grad (with grad mode on): the result "
+                             "must be a new tensor for autograd to differentiate; drop out=, or call under "
+                             "torch.no_grad()")
+        from . import torch as waveboost_torch
+
+        return waveboost_torch.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                         return_lse=return_lse, backend=backend)
     if adapter.name == "jax":
         from . import jax as waveboost_jax
 
@@ -305,7 +328,11 @@ def attention_backward(
             return waveboost_jax.attention_backward(dout, q, k, v, out, lse, causal=causal,
                                                     softmax_scale=softmax_scale, dlse=dlse,
                                                     deterministic=deterministic, backend=backend)
-        waveboost_jax._check_dlpack_fallback((dout, q, k, v, out, lse, dlse, dq, dk, dv), outputs_given)
+        arrays = (dout, q, k, v, out, lse, dlse, dq, dk, dv)
+        if outputs_given and any(isinstance(x, waveboost_jax.jax.core.Tracer) for x in arrays):
+            raise TypeError("dq=, dk= and dv= need concrete JAX arrays (they write into existing buffers); "
+                            "under jit or vmap call waveboost.attention_backward without them")
+        waveboost_jax._check_dlpack_fallback(arrays, False)
     qshape = _check_shape(q, "q")
     kshape = _check_shape(k, "k")
     vshape = _check_shape(v, "v")

@@ -20,6 +20,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <string>
@@ -27,6 +29,11 @@
 
 #include "cpu_attention.h"
 #include "thread_pool.h"
+
+// The per-task functions are always inlined into the wrappers below, which are compiled for
+// AVX-512, AVX2+FMA or the baseline instruction set and picked at run time (as the forward's
+// kernels are): the axpy loops then vectorize at the host's full width.
+#define CPU_BWD_INLINE inline __attribute__((always_inline))
 
 namespace waveboost::cpu {
 namespace {
@@ -90,7 +97,7 @@ struct Problem {
 // Keys [j0, j0 + n) of one kv head packed transposed: kt[d * kBlockN + j] = k[j0 + j][d], so
 // score rows are built from contiguous axpy steps (vectorizable without reassociation).
 template <typename T>
-void pack_transposed(const Problem<T>& pr, bool values, int64_t b, int64_t hk, int64_t j0, int64_t n, T* out) {
+CPU_BWD_INLINE void pack_transposed(const Problem<T>& pr, bool values, int64_t b, int64_t hk, int64_t j0, int64_t n, T* out) {
   const int64_t d_count = pr.p.head_dim;
   for (int64_t j = 0; j < n; ++j) {
     const T* row = values ? pr.v_row(b, hk, j0 + j) : pr.k_row(b, hk, j0 + j);
@@ -100,7 +107,7 @@ void pack_transposed(const Problem<T>& pr, bool values, int64_t b, int64_t hk, i
 
 // dst[0, n) = sum_d x[d] * packed[d][0, n), in order of d.
 template <typename T>
-void row_times_packed(const T* x, const T* packed, int64_t head_dim, int64_t n, T* dst) {
+CPU_BWD_INLINE void row_times_packed(const T* x, const T* packed, int64_t head_dim, int64_t n, T* dst) {
   std::fill(dst, dst + n, T(0));
   for (int64_t d = 0; d < head_dim; ++d) {
     const T xd = x[d];
@@ -111,13 +118,13 @@ void row_times_packed(const T* x, const T* packed, int64_t head_dim, int64_t n, 
 
 // acc[0, head_dim) += a * x[0, head_dim)
 template <typename T>
-void axpy(T a, const T* x, int64_t head_dim, T* acc) {
+CPU_BWD_INLINE void axpy(T a, const T* x, int64_t head_dim, T* acc) {
   for (int64_t d = 0; d < head_dim; ++d) acc[d] += a * x[d];
 }
 
 // Task of phase 1: statistics and dQ of query rows [i0, i0 + m) of head h.
 template <typename T>
-void query_block(const Problem<T>& pr, int64_t b, int64_t h, int64_t i0, int64_t m, T* lse_buf, T* delta_buf) {
+CPU_BWD_INLINE void query_block(const Problem<T>& pr, int64_t b, int64_t h, int64_t i0, int64_t m, T* lse_buf, T* delta_buf) {
   const AttentionBackwardParams& p = pr.p;
   const int64_t head_dim = p.head_dim, hk = h / pr.group();
   const int64_t stat = (b * p.heads + h) * p.seqlen_q;  // this head's offset in the statistics buffers
@@ -184,7 +191,7 @@ void query_block(const Problem<T>& pr, int64_t b, int64_t h, int64_t i0, int64_t
 
 // Task of phase 2: dK and dV of keys [j0, j0 + n) of kv head hk, over its query heads.
 template <typename T>
-void key_block(const Problem<T>& pr, int64_t b, int64_t hk, int64_t j0, int64_t n, const T* lse_buf,
+CPU_BWD_INLINE void key_block(const Problem<T>& pr, int64_t b, int64_t hk, int64_t j0, int64_t n, const T* lse_buf,
                const T* delta_buf) {
   const AttentionBackwardParams& p = pr.p;
   const int64_t head_dim = p.head_dim;
@@ -225,7 +232,66 @@ void key_block(const Problem<T>& pr, int64_t b, int64_t hk, int64_t j0, int64_t 
 }
 
 template <typename T>
+struct Tasks {
+  using QueryBlock = void (*)(const Problem<T>&, int64_t, int64_t, int64_t, int64_t, T*, T*);
+  using KeyBlock = void (*)(const Problem<T>&, int64_t, int64_t, int64_t, int64_t, const T*, const T*);
+  QueryBlock query;
+  KeyBlock key;
+};
+
+template <typename T>
+void query_block_baseline(const Problem<T>& pr, int64_t b, int64_t h, int64_t i0, int64_t m, T* lse, T* delta) {
+  query_block(pr, b, h, i0, m, lse, delta);
+}
+template <typename T>
+void key_block_baseline(const Problem<T>& pr, int64_t b, int64_t hk, int64_t j0, int64_t n, const T* lse,
+                        const T* delta) {
+  key_block(pr, b, hk, j0, n, lse, delta);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define WAVEBOOST_CPU_BWD_X86 1
+template <typename T>
+__attribute__((target("avx2,fma"))) void query_block_avx2(const Problem<T>& pr, int64_t b, int64_t h, int64_t i0,
+                                                           int64_t m, T* lse, T* delta) {
+  query_block(pr, b, h, i0, m, lse, delta);
+}
+template <typename T>
+__attribute__((target("avx2,fma"))) void key_block_avx2(const Problem<T>& pr, int64_t b, int64_t hk, int64_t j0,
+                                                         int64_t n, const T* lse, const T* delta) {
+  key_block(pr, b, hk, j0, n, lse, delta);
+}
+template <typename T>
+__attribute__((target("avx512f,avx2,fma"))) void query_block_avx512(const Problem<T>& pr, int64_t b, int64_t h,
+                                                                    int64_t i0, int64_t m, T* lse, T* delta) {
+  query_block(pr, b, h, i0, m, lse, delta);
+}
+template <typename T>
+__attribute__((target("avx512f,avx2,fma"))) void key_block_avx512(const Problem<T>& pr, int64_t b, int64_t hk,
+                                                                  int64_t j0, int64_t n, const T* lse,
+                                                                  const T* delta) {
+  key_block(pr, b, hk, j0, n, lse, delta);
+}
+#endif
+
+// The widest instruction set the host has; WAVEBOOST_CPU_ISA=avx2|baseline caps it, as for the forward.
+template <typename T>
+Tasks<T> select_tasks() {
+#ifdef WAVEBOOST_CPU_BWD_X86
+  __builtin_cpu_init();
+  const char* cap = std::getenv("WAVEBOOST_CPU_ISA");
+  const bool baseline_only = cap != nullptr && std::strcmp(cap, "baseline") == 0;
+  const bool avx2_cap = cap != nullptr && std::strcmp(cap, "avx2") == 0;
+  const bool avx2 = !baseline_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2 && !avx2_cap && __builtin_cpu_supports("avx512f")) return {query_block_avx512<T>, key_block_avx512<T>};
+  if (avx2) return {query_block_avx2<T>, key_block_avx2<T>};
+#endif
+  return {query_block_baseline<T>, key_block_baseline<T>};
+}
+
+template <typename T>
 Status run_backward(const AttentionBackwardParams& p) {
+  static const Tasks<T> tasks = select_tasks<T>();
   const Problem<T> pr(p);
   std::vector<T> lse_buf, delta_buf;
   try {
@@ -244,7 +310,7 @@ Status run_backward(const AttentionBackwardParams& p) {
     const int64_t bh = task / q_blocks;
     const int64_t i0 = block * kBlockM;
     try {
-      query_block(pr, bh / p.heads, bh % p.heads, i0, std::min(kBlockM, p.seqlen_q - i0), lse_buf.data(),
+      tasks.query(pr, bh / p.heads, bh % p.heads, i0, std::min(kBlockM, p.seqlen_q - i0), lse_buf.data(),
                   delta_buf.data());
     } catch (const std::exception&) {
       failed.store(true);
@@ -259,7 +325,7 @@ Status run_backward(const AttentionBackwardParams& p) {
     const int64_t bh = task / k_blocks;
     const int64_t j0 = block * kBlockN;
     try {
-      key_block(pr, bh / p.heads_kv, bh % p.heads_kv, j0, std::min(kBlockN, p.seqlen_k - j0), lse_buf.data(),
+      tasks.key(pr, bh / p.heads_kv, bh % p.heads_kv, j0, std::min(kBlockN, p.seqlen_k - j0), lse_buf.data(),
                 delta_buf.data());
     } catch (const std::exception&) {
       failed.store(true);
