@@ -245,3 +245,40 @@ def rounding_error_bound(q, k, v, causal=False, softmax_scale=None, u_scores=2.0
                 bound[bi, :, hi] += (lk + 1) * 2.0**-25 * (np.abs(vh).max(0) if is_np else vh.abs().amax(0))[None, :]
             score_scale[bi, hi] = s_i
     return (bound, score_scale) if return_score_scale else bound
+
+
+def attention_backward_ref(dout, q, k, v, causal=False, softmax_scale=None, dlse=None, dtype=np.float64):
+    """Gradients of attention (dq, dk, dv) by the explicit formulas, computed in `dtype` (NumPy, BSHD).
+
+    With P the softmax of S = scale q k^T (masked entries 0, rows that see no key all 0), O = P V
+    and D_i = sum_d dO_id O_id:
+        dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D + dlse),  dQ = scale dS K,  dK = scale dS^T Q,
+    where dlse (B, H, Lq), the gradient flowing into lse, is 0 when not given. dk and dv of a kv
+    head sum over the query heads that read it (GQA). Returns (dq, dk, dv) in `dtype`.
+    """
+    dout = np.asarray(dout).astype(dtype)
+    b, lq, h, d = np.shape(q)
+    lk, hkv = np.shape(k)[1], np.shape(k)[2]
+    group = h // hkv if hkv else 1
+    q_, k_, v_, softmax_scale = _heads_expanded(q, k, v, softmax_scale, dtype)
+    scale = dtype(softmax_scale)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        s = np.einsum("bqhd,bkhd->bhqk", q_, k_).astype(dtype) * scale
+        if causal:
+            s = np.where(causal_mask(lq, lk)[None, None], s, -np.inf)
+        m = np.max(s, axis=-1, keepdims=True) if lk > 0 else np.full(s.shape[:-1] + (1,), -np.inf, dtype)
+        m_safe = np.where(np.isfinite(m), m, 0)
+        p = np.exp(s - m_safe)
+        denom = np.sum(p, axis=-1, keepdims=True)
+        p = np.where(denom > 0, p / np.where(denom > 0, denom, 1), 0).astype(dtype)
+    out = np.einsum("bhqk,bkhd->bqhd", p, v_).astype(dtype)
+    delta = np.einsum("bqhd,bqhd->bhq", dout, out).astype(dtype)
+    dv_full = np.einsum("bhqk,bqhd->bkhd", p, dout).astype(dtype)
+    dp = np.einsum("bqhd,bkhd->bhqk", dout, v_).astype(dtype)
+    shift = delta if dlse is None else delta - np.asarray(dlse).astype(dtype)
+    ds = (p * (dp - shift[..., None])).astype(dtype)
+    dq = (np.einsum("bhqk,bkhd->bqhd", ds, k_) * scale).astype(dtype)
+    dk_full = (np.einsum("bhqk,bqhd->bkhd", ds, q_) * scale).astype(dtype)
+    dk = dk_full.reshape(b, lk, hkv, group, d).sum(axis=3).astype(dtype)
+    dv = dv_full.reshape(b, lk, hkv, group, d).sum(axis=3).astype(dtype)
+    return dq, dk, dv

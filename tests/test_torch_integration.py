@@ -82,18 +82,11 @@ def test_opcheck_cpu(dtype, causal, scale, backend):
 
 
 def test_opcheck_registration_with_inputs_that_require_grad():
-    # test_aot_dispatch_dynamic runs a backward, which a forward-only op refuses (next test);
-    # the registration checks themselves must hold for inputs that require grad.
+    # The registration checks must hold for inputs that require grad (the autograd checks with a
+    # backward run in tests/test_backward.py).
     q, k, v = (t.requires_grad_() for t in _qkv(1, 9, 9, 2, 1, 8))
     utils = ("test_schema", "test_autograd_registration", "test_faketensor")
     assert torch.library.opcheck(OP, (q, k, v, True, None, "auto"), test_utils=utils) == dict.fromkeys(utils, "SUCCESS")
-
-
-def test_backward_raises_forward_only_error():
-    q, k, v = (t.requires_grad_() for t in _qkv(1, 9, 9, 2, 1, 8))
-    out = wbt.attention(q, k, v)  # the forward itself is fine on tensors that require grad
-    with pytest.raises(NotImplementedError, match="forward-only"):
-        out.sum().backward()
 
 
 def test_fake_implementation_shapes_on_meta():

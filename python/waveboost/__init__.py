@@ -1,12 +1,12 @@
-"""waveboost: exact attention (FlashAttention-style forward) for NumPy, PyTorch, CuPy and JAX.
+"""waveboost: exact attention (FlashAttention-style forward and backward) for NumPy, PyTorch, CuPy and JAX.
 
 >>> import numpy as np, waveboost
 >>> q = np.random.randn(1, 128, 4, 64).astype(np.float32)   # (batch, seqlen, heads, head_dim)
 >>> out = waveboost.attention(q, q, q, causal=True)
 """
 
-from ._api import BACKENDS, attention, info, resolve_backend
+from ._api import BACKENDS, attention, attention_backward, backward_backends, info, resolve_backend
 
 __version__ = info()["version"]
 
-__all__ = ["BACKENDS", "attention", "info", "resolve_backend", "__version__"]
+__all__ = ["BACKENDS", "attention", "attention_backward", "backward_backends", "info", "resolve_backend", "__version__"]

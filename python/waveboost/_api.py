@@ -139,6 +139,15 @@ def _check_shape(x: Any, arg: str) -> tuple:
     return shape
 
 
+def _torch_needs_grad(tensors: tuple) -> bool:
+    """Whether autograd would record an op on these torch tensors."""
+    if not any(t.requires_grad for t in tensors):
+        return False
+    import torch
+
+    return torch.is_grad_enabled()
+
+
 def attention(
     q: Any,
     k: Any,
@@ -167,6 +176,10 @@ def attention(
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse`` is true; arrays of ``q``'s framework.
+
+    PyTorch tensors that require grad (with grad mode on) go through ``waveboost.torch.attention``,
+    which autograd differentiates; ``out=`` is refused there. Gradients otherwise come from
+    ``attention_backward``.
     """
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, one of {BACKENDS}; got {type(backend).__name__}")
@@ -183,6 +196,16 @@ def attention(
         other = _adapter_for(t, name)
         if other.name != adapter.name:
             raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
+    if adapter.name == "torch" and _torch_needs_grad((q, k, v)):
+        # Differentiable route: the waveboost::attention custom op and its autograd formula.
+        if out is not None:
+            raise ValueError("out= cannot be used when q, k or v requires grad (with grad mode on): the result "
+                             "must be a new tensor for autograd to differentiate; drop out=, or call under "
+                             "torch.no_grad()")
+        from . import torch as waveboost_torch
+
+        return waveboost_torch.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                         return_lse=return_lse, backend=backend)
     if adapter.name == "jax":
         from . import jax as waveboost_jax
 
@@ -207,11 +230,127 @@ def attention(
     return (out, lse) if return_lse else out
 
 
-def resolve_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str = "auto") -> str:
-    """The backend ``attention`` would run for these tensors; ValueError says why if none can."""
+def resolve_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str = "auto",
+                    backward: bool = False) -> str:
+    """The backend ``attention`` (or, with ``backward=True``, ``attention_backward``) would run
+    for these tensors; ValueError says why if none can."""
     adapter = _adapter_for(q, "q")
     prep = adapter.prepare
+    if backward:
+        _check_backward_backend(backend)
+        return _waveboost.resolve_backward_backend(prep(q, "q"), prep(k, "k"), prep(v, "v"), bool(causal), backend)
     return _waveboost.resolve_backend(prep(q, "q"), prep(k, "k"), prep(v, "v"), bool(causal), backend)
+
+
+# ---------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------
+
+
+def backward_backends() -> tuple:
+    """The backends that have a backward pass (``"auto"`` included)."""
+    return tuple(b for b in BACKENDS if _waveboost.backend_has_backward(b))
+
+
+def _check_backward_backend(backend: Any) -> None:
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, one of {backward_backends()}; got {type(backend).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {backward_backends()} for the backward pass; got {backend!r}")
+    if not _waveboost.backend_has_backward(backend):
+        raise ValueError(f"backend {backend!r} is forward-only: it has no backward pass; "
+                         f"the backends with one are {backward_backends()}")
+
+
+def _check_scale(softmax_scale: Any) -> Optional[float]:
+    if softmax_scale is None:
+        return None
+    if isinstance(softmax_scale, (bool, str, bytes)) or not hasattr(softmax_scale, "__float__"):
+        raise TypeError(f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}")
+    softmax_scale = float(softmax_scale)
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    return softmax_scale
+
+
+def attention_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    dlse: Any = None,
+    dq: Any = None,
+    dk: Any = None,
+    dv: Any = None,
+    deterministic: bool = False,
+    backend: str = "auto",
+) -> tuple:
+    """Gradients of ``attention(q, k, v)`` with respect to q, k and v.
+
+    Args:
+        dout: the gradient flowing into the output, q's shape and dtype.
+        q, k, v: the forward's inputs (same conventions as ``attention``: BSHD, GQA/MQA,
+            bottom-right causal mask).
+        out, lse: the forward's output and its float32 (batch, heads, seqlen_q) logsumexp
+            (``attention(..., return_lse=True)``), with the same ``causal`` and ``softmax_scale``.
+        dlse: optional gradient flowing into ``lse`` (float32, lse's shape); it adds
+            ``dlse * P`` to the score gradient.
+        dq, dk, dv: optional preallocated outputs (q's, k's and v's shapes). With GQA, dk and dv
+            of a kv head sum over the query heads that read it.
+        deterministic: bitwise-reproducible gradients (a fixed reduction order on every backend).
+        backend: "auto" or a backend with a backward pass (``backward_backends()``).
+
+    Returns:
+        ``(dq, dk, dv)``, arrays of ``q``'s framework on its device, computed on the caller's stream.
+    """
+    _check_backward_backend(backend)
+    softmax_scale = _check_scale(softmax_scale)
+    adapter = _adapter_for(q, "q")
+    given = {"dout": dout, "k": k, "v": v, "out": out, "lse": lse, "dlse": dlse, "dq": dq, "dk": dk, "dv": dv}
+    for name, t in given.items():
+        if t is None:
+            if name in ("dout", "k", "v", "out", "lse"):
+                raise TypeError(f"{name} is required; got None")
+            continue
+        other = _adapter_for(t, name)
+        if other.name != adapter.name:
+            raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
+    outputs_given = dq is not None or dk is not None or dv is not None
+    if adapter.name == "jax":
+        from . import jax as waveboost_jax
+
+        if not outputs_given and waveboost_jax.ffi_available() and hasattr(waveboost_jax, "attention_backward"):
+            return waveboost_jax.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                                    softmax_scale=softmax_scale, dlse=dlse,
+                                                    deterministic=deterministic, backend=backend)
+        arrays = (dout, q, k, v, out, lse, dlse, dq, dk, dv)
+        if outputs_given and any(isinstance(x, waveboost_jax.jax.core.Tracer) for x in arrays):
+            raise TypeError("dq=, dk= and dv= need concrete JAX arrays (they write into existing buffers); "
+                            "under jit or vmap call waveboost.attention_backward without them")
+        waveboost_jax._check_dlpack_fallback(arrays, False)
+    qshape = _check_shape(q, "q")
+    kshape = _check_shape(k, "k")
+    vshape = _check_shape(v, "v")
+    for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+        if t is not None and getattr(getattr(t, "flags", None), "writeable", True) is False:
+            raise ValueError(f"{name} must be writeable; got a read-only array")
+    dq = adapter.empty(q, qshape, "like") if dq is None else dq
+    dk = adapter.empty(k, kshape, "like") if dk is None else dk
+    dv = adapter.empty(v, vshape, "like") if dv is None else dv
+    stream = adapter.stream(q)
+    prep = adapter.prepare
+    _waveboost.backward(
+        prep(dout, "dout"), prep(q, "q"), prep(k, "k"), prep(v, "v"), prep(out, "out"), prep(lse, "lse"),
+        prep(dq, "dq"), prep(dk, "dk"), prep(dv, "dv"), None if dlse is None else prep(dlse, "dlse"),
+        bool(causal), softmax_scale, bool(deterministic), backend, stream,
+    )
+    adapter.finish(dq, stream)
+    return dq, dk, dv
 
 
 def info() -> dict:

@@ -10,7 +10,10 @@ The handlers exist only when waveboost was built where jaxlib's FFI headers coul
 are. Without them, ``waveboost.jax.attention`` raises ``RuntimeError`` and ``waveboost.attention``
 still takes JAX arrays eagerly through DLPack (outside ``jit``, synchronizing its own stream).
 
-Forward only: the custom call has no JVP or transpose, so ``jax.grad`` through it raises.
+Differentiable in reverse mode: ``attention`` is a ``jax.custom_vjp`` whose backward is a second
+custom call (target ``waveboost_attention_backward``), so ``jax.grad``, ``jax.vjp`` and
+``jax.checkpoint`` work, under ``jit`` and ``vmap`` too. A cotangent flowing into the returned lse
+is honoured. Forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``) is not provided.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import numpy as np
 from . import _waveboost
 from ._api import BACKENDS
 
-__all__ = ["TARGET_NAME", "attention", "ffi_available", "ring_attention", "shard_sequence", "unshard_sequence"]
+__all__ = ["BACKWARD_TARGET_NAME", "TARGET_NAME", "attention", "attention_backward", "ffi_available",
+           "ring_attention", "shard_sequence", "unshard_sequence"]
 
 #: The XLA custom-call target the handlers are registered under, for both platforms.
 TARGET_NAME = "waveboost_attention"
@@ -126,6 +130,31 @@ def _attention_call(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, s
     return call(q, k, v, causal=np.bool_(causal), softmax_scale=np.float64(softmax_scale), backend=backend)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _attention_differentiable(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, softmax_scale: float,
+                              backend: str) -> tuple[jax.Array, jax.Array]:
+    return _attention_call(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend)
+
+
+def _attention_fwd(q, k, v, causal, softmax_scale, backend):
+    out, lse = _attention_call(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend)
+    return (out, lse), (q, k, v, out, lse)
+
+
+def _attention_bwd(causal, softmax_scale, backend, residuals, cotangents):
+    q, k, v, out, lse = residuals
+    dout, dlse = cotangents
+    # A forward-only backend named for the forward computes the gradient on the automatic choice.
+    if not _waveboost.backend_has_backward(backend):
+        backend = "auto"
+    return _attention_backward_call(dout.astype(q.dtype), q, k, v, out, lse, dlse.astype(jnp.float32),
+                                    causal=causal, softmax_scale=softmax_scale, has_dlse=True, deterministic=False,
+                                    backend=backend)
+
+
+_attention_differentiable.defvjp(_attention_fwd, _attention_bwd)
+
+
 def attention(
     q: Any,
     k: Any,
@@ -151,9 +180,101 @@ def attention(
     softmax_scale = float(softmax_scale)
     if not math.isfinite(softmax_scale):
         raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
-    out, lse = _attention_call(q, k, v, causal=bool(causal), softmax_scale=softmax_scale, backend=backend)
+    _registered_backward_platforms()
+    out, lse = _attention_differentiable(q, k, v, bool(causal), softmax_scale, backend)
     return (out, lse) if return_lse else out
 
+
+# ---------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------
+
+#: The XLA custom-call target of the backward handlers, for both platforms.
+BACKWARD_TARGET_NAME = "waveboost_attention_backward"
+
+_BACKWARD_HANDLER_SYMBOLS = {"cpu": "waveboost_jax_attention_backward_cpu",
+                             "CUDA": "waveboost_jax_attention_backward_cuda"}
+
+
+@functools.cache
+def _registered_backward_platforms() -> tuple[str, ...]:
+    """Registers the backward handlers this build has with XLA (once) and returns their platforms."""
+    library = ctypes.CDLL(_waveboost.__file__)
+    platforms = []
+    for platform, symbol in _BACKWARD_HANDLER_SYMBOLS.items():
+        handler = getattr(library, symbol, None)
+        if handler is not None:
+            jax.ffi.register_ffi_target(BACKWARD_TARGET_NAME, jax.ffi.pycapsule(handler), platform=platform)
+            platforms.append(platform)
+    return tuple(platforms)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "softmax_scale", "has_dlse", "deterministic", "backend"))
+def _attention_backward_call(dout: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, out: jax.Array,
+                             lse: jax.Array, dlse: jax.Array, *, causal: bool, softmax_scale: float, has_dlse: bool,
+                             deterministic: bool, backend: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+    call = jax.ffi.ffi_call(
+        BACKWARD_TARGET_NAME,
+        (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+         jax.ShapeDtypeStruct(v.shape, v.dtype)),
+        vmap_method="broadcast_all",  # leading axes fold into batch, as in the forward
+    )
+    return call(dout, q, k, v, out, lse, dlse, causal=np.bool_(causal), softmax_scale=np.float64(softmax_scale),
+                has_dlse=np.bool_(has_dlse), deterministic=np.bool_(deterministic), backend=backend)
+
+
+def attention_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    dlse: Any = None,
+    deterministic: bool = False,
+    backend: str = "auto",
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``waveboost.attention_backward`` for JAX: an XLA custom call, usable under ``jit`` and ``vmap``.
+
+    Returns ``(dq, dk, dv)`` allocated by XLA. ``out`` and ``lse`` are those of the forward call
+    with the same ``causal`` and ``softmax_scale``; ``dlse`` (float32, lse's shape) is optional.
+    """
+    _require_ffi((dout, q, k, v, out, lse))
+    if not _registered_backward_platforms():
+        raise RuntimeError("this build of waveboost has XLA FFI handlers for the forward pass only; rebuild it")
+    _check_inputs(q, k, v, backend)
+    if not _waveboost.backend_has_backward(backend):
+        from ._api import backward_backends
+
+        raise ValueError(f"backend {backend!r} is forward-only: it has no backward pass; "
+                         f"the backends with one are {backward_backends()}")
+    dtype = jnp.result_type(q)
+    for name, x in (("dout", dout), ("out", out)):
+        if jnp.shape(x) != jnp.shape(q):
+            raise ValueError(f"{name} has shape {jnp.shape(x)} but q has shape {jnp.shape(q)}; they must match")
+        if jnp.result_type(x) != dtype:
+            raise TypeError(f"{name} has dtype {jnp.result_type(x)} but q has {dtype}; they must match")
+    qs = jnp.shape(q)
+    lse_shape = (qs[0], qs[2], qs[1])
+    for name, x in (("lse", lse), ("dlse", dlse)):
+        if x is None:
+            continue
+        if jnp.shape(x) != lse_shape:
+            raise ValueError(f"{name} has shape {jnp.shape(x)} but must be (batch, heads, seqlen_q) = {lse_shape}")
+        if jnp.result_type(x) != jnp.float32:
+            raise TypeError(f"{name} must have dtype float32; got {jnp.result_type(x)}")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(qs[3])
+    softmax_scale = float(softmax_scale)
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    has_dlse = dlse is not None
+    return _attention_backward_call(dout, q, k, v, out, lse, dlse if has_dlse else lse, causal=bool(causal),
+                                    softmax_scale=softmax_scale, has_dlse=has_dlse,
+                                    deterministic=bool(deterministic), backend=backend)
 
 
 # Context parallelism inside jax.shard_map (python/waveboost/_jax_ring.py).

@@ -6,8 +6,10 @@ traces it without a graph break and ``torch.library.opcheck`` passes. The op run
 ``torch.cuda.current_stream()`` of the tensors' device, allocates its outputs with the caching
 allocator and never synchronizes, so it can be captured in a CUDA graph (``torch.cuda.graph``).
 
-Forward only: the op has no backward. Calling it on tensors that require grad works (the outputs
-do not require grad); differentiate through it and autograd raises.
+Differentiable: the op's autograd formula saves q, k, v, out and lse and calls a second custom op,
+``torch.ops.waveboost.attention_backward`` (also with a fake implementation), so
+``torch.compile(fullgraph=True)`` traces forward and backward alike. A gradient flowing into the
+returned lse is honoured (it adds ``dlse * P`` to the score gradient).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def _attention_op(
 ) -> tuple[Tensor, Tensor]:
     # The DLPack route: outputs from torch.empty (the caching allocator, or a CUDA graph's
     # private pool under capture), kernel on torch.cuda.current_stream(q.device).
+    # Detached: inside the op, autograd is this op's own formula, not the generic API's route.
+    q, k, v = q.detach(), k.detach(), v.detach()
     return _api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend)
 
 
@@ -44,16 +48,65 @@ def _attention_fake(
     return q.new_empty(q.shape), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
 
 
-def _no_backward(ctx, grad_out: Tensor, grad_lse: Tensor):
-    raise NotImplementedError(
-        "waveboost::attention is forward-only: it has no backward. Run it under torch.no_grad() or "
-        "torch.inference_mode(), or use torch.nn.functional.scaled_dot_product_attention for training."
+# ---------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op(
+    "waveboost::attention_backward",
+    mutates_args=(),
+    schema="(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, bool causal, "
+    "float? softmax_scale, bool deterministic, str backend) -> (Tensor, Tensor, Tensor)",
+)
+def _attention_backward_op(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None, causal: bool,
+    softmax_scale: float | None, deterministic: bool, backend: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    # Gradients arriving from autograd can be expanded views (e.g. of a sum's scalar gradient);
+    # the kernels read rows with a unit last stride.
+    if dout.dim() > 0 and dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    if dlse is not None and dlse.dim() > 0 and dlse.stride(-1) != 1:
+        dlse = dlse.contiguous()
+    return _api.attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, dlse=dlse,
+                                   deterministic=deterministic, backend=backend)
+
+
+@_attention_backward_op.register_fake
+def _attention_backward_fake(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None, causal: bool,
+    softmax_scale: float | None, deterministic: bool, backend: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (batch, seqlen, heads, head_dim); got shape {tuple(x.shape)}")
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, causal, softmax_scale, backend = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
+    # An output nobody differentiated arrives as None rather than zeros: no dlse term for an unused lse.
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out: Tensor, grad_lse: Tensor):
+    q, k, v, out, lse = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    # A forward-only backend named for the forward computes the gradient on the automatic choice.
+    backend = ctx.backend if _api._waveboost.backend_has_backward(ctx.backend) else "auto"
+    dq, dk, dv = torch.ops.waveboost.attention_backward(
+        grad_out, q, k, v, out, lse, grad_lse, ctx.causal, ctx.softmax_scale,
+        torch.are_deterministic_algorithms_enabled(), backend,
     )
+    return dq, dk, dv, None, None, None
 
 
-# An explicit autograd registration whose backward raises: forward calls on tensors that
-# require grad are fine, and differentiating through the op fails with a message saying why.
-_attention_op.register_autograd(_no_backward)
+_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(
@@ -72,6 +125,10 @@ def attention(
     causal mask) less ``out=``: the op allocates its outputs, which is what lets ``torch.compile``
     and CUDA graphs reason about it. ``lse`` is always computed (float32 (batch, heads, seqlen_q),
     a small fraction of the work) and returned when ``return_lse`` is true.
+
+    Differentiable with respect to q, k and v (through ``out`` and ``lse``). The backward runs on
+    ``backend`` when it has a backward pass and on ``"auto"`` otherwise (``simt``, ``wmma``);
+    ``torch.use_deterministic_algorithms(True)`` selects the deterministic backward.
     """
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
@@ -87,7 +144,7 @@ class MultiheadAttention(nn.Module):
     sit between the projections and the kernel. ``num_kv_heads`` = ``num_heads`` is ordinary
     multi-head attention, 1 is MQA, anything in between that divides ``num_heads`` is GQA.
 
-    Forward only (see the module docstring): use it for inference.
+    Differentiable (see the module docstring): it trains like any other module.
     """
 
     def __init__(

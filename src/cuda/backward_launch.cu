@@ -1,18 +1,217 @@
-// Backward passes of the CUDA paths: can_implement and the dtype x head_dim dispatch.
+// Backward passes of the CUDA paths: can_implement, workspaces and the dtype x head_dim dispatch
+// onto include/waveboost/cuda/naive_backward.cuh and flash_bwd_mma.cuh.
+#include <string>
+
 #include "cuda_paths.h"
+#include "waveboost/cuda/flash_bwd_mma.cuh"
+#include "waveboost/cuda/naive_backward.cuh"
 
 namespace waveboost::cuda {
 
-Status naive_can_implement_backward(const AttentionBackwardParams&) {
-  return Status::NotSupported("backend 'naive' has no backward pass yet");
+namespace {
+
+// A stream-ordered workspace from the device's pool, freed on the same stream when it goes.
+class PoolWorkspace {
+ public:
+  PoolWorkspace(int device_id, size_t bytes, cudaStream_t stream, const char* what) : stream_(stream), what_(what) {
+    if (bytes == 0) return;
+    cudaMemPool_t pool = nullptr;
+    status_ = workspace_pool(device_id, &pool);
+    if (!status_.ok()) return;
+    const cudaError_t err = cudaMallocFromPoolAsync(&ptr_, bytes, pool, stream);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // an out-of-memory here must not be reported again by the next unrelated check
+      ptr_ = nullptr;
+      status_ = cuda_status(err, ("cudaMallocFromPoolAsync of the " + std::string(what) + " (" +
+                                  std::to_string(bytes) + " bytes)").c_str());
+    }
+  }
+  ~PoolWorkspace() {
+    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+  }
+  PoolWorkspace(const PoolWorkspace&) = delete;
+  PoolWorkspace& operator=(const PoolWorkspace&) = delete;
+
+  // Frees now and reports the result (instead of the destructor, which cannot).
+  Status release() {
+    if (ptr_ == nullptr) return Status::Ok();
+    const cudaError_t err = cudaFreeAsync(ptr_, stream_);
+    ptr_ = nullptr;
+    return cuda_status(err, ("cudaFreeAsync of the " + std::string(what_)).c_str());
+  }
+  const Status& status() const { return status_; }
+  void* get() const { return ptr_; }
+
+ private:
+  cudaStream_t stream_;
+  const char* what_;
+  void* ptr_ = nullptr;
+  Status status_;
+};
+
+// The caller's dout/dq/dk/dv move in 16 B pieces on the mma path, like q/k/v/out
+// (vector_friendly): 16 B aligned, strides of used dimensions multiples of 8 elements.
+bool backward_vector_friendly(const AttentionBackwardParams& p) {
+  if (!vector_friendly(p, 8)) return false;
+  const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  const auto used = [](int64_t stride, int64_t extent) { return extent > 1 ? stride : int64_t{0}; };
+  const int64_t strides = used(p.do_batch_stride, p.batch) | used(p.do_row_stride, p.seqlen_q) |
+                          used(p.do_head_stride, p.heads) | used(p.dq_batch_stride, p.batch) |
+                          used(p.dq_row_stride, p.seqlen_q) | used(p.dq_head_stride, p.heads) |
+                          used(p.dk_batch_stride, p.batch) | used(p.dk_row_stride, p.seqlen_k) |
+                          used(p.dk_head_stride, p.heads_kv) | used(p.dv_batch_stride, p.batch) |
+                          used(p.dv_row_stride, p.seqlen_k) | used(p.dv_head_stride, p.heads_kv);
+  return aligned(p.dout) && aligned(p.dq) && aligned(p.dk) && aligned(p.dv) && (strides & 7) == 0;
 }
 
-Status mma_can_implement_backward(const AttentionBackwardParams&) {
-  return Status::NotSupported("backend 'mma' has no backward pass yet");
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// naive
+// ---------------------------------------------------------------------------
+
+Status naive_can_implement_backward(const AttentionBackwardParams& p) {
+  if (p.device_type != DeviceType::kCUDA) {
+    return Status::NotSupported("backend 'naive' runs on CUDA tensors; got host tensors");
+  }
+  if (p.dtype != DType::kFloat32 && p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+    return Status::NotSupported(std::string("backend 'naive' (backward) supports float32, float16 and bfloat16; got ") +
+                                dtype_name(p.dtype));
+  }
+  if (p.head_dim < 1 || p.head_dim > 256) {
+    return Status::NotSupported("backend 'naive' (backward) supports head_dim 1..256; got " +
+                                std::to_string(p.head_dim));
+  }
+  // The workspace holds 2 * batch * heads * seqlen_q * seqlen_k floats (P and dS); checked by
+  // division so that a product past 2^63 cannot wrap to a small allocation.
+  {
+    constexpr int64_t kMaxWorkspaceFloats = (int64_t{1} << 61) / int64_t{sizeof(float)};
+    int64_t floats = 1;
+    bool too_big = false;
+    for (int64_t factor : {p.batch, p.heads, p.seqlen_q, p.seqlen_k}) {
+      if (factor == 0) { too_big = false; break; }
+      if (floats > kMaxWorkspaceFloats / factor) too_big = true;
+      else floats *= factor;
+    }
+    if (too_big) {
+      return Status::NotSupported("backend 'naive' (backward) materializes 2 * batch * heads * seqlen_q * seqlen_k "
+                                  "float32 values; got batch * heads * seqlen_q * seqlen_k = " +
+                                  std::to_string(p.batch) + " * " + std::to_string(p.heads) + " * " +
+                                  std::to_string(p.seqlen_q) + " * " + std::to_string(p.seqlen_k) +
+                                  ", more than 2^62 bytes");
+    }
+  }
+  if (p.dtype == DType::kBFloat16) {
+    int cc = 0;
+    if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
+    if (cc < 80) {
+      return Status::NotSupported("backend 'naive' supports bfloat16 on compute capability >= 8.0; device " +
+                                  std::to_string(p.device_id) + " is " + cc_string(cc));
+    }
+  }
+  return Status::Ok();
 }
 
-Status naive_backward(const AttentionBackwardParams& p, void*) { return naive_can_implement_backward(p); }
+Status naive_backward(const AttentionBackwardParams& p, void* stream) {
+  if (p.batch == 0 || p.heads == 0) return Status::Ok();
+  DeviceGuard guard(p.device_id);
+  if (!guard.status().ok()) return guard.status();
+  const auto s = static_cast<cudaStream_t>(stream);
+  const size_t bytes = static_cast<size_t>(naive_bwd::workspace_floats(p)) * sizeof(float);
+  PoolWorkspace workspace(p.device_id, bytes, s, "naive backward workspace");
+  if (!workspace.status().ok()) return workspace.status();
+  float* ws = static_cast<float*>(workspace.get());
+  Status status;
+  switch (p.dtype) {
+    case DType::kFloat32: status = run_naive_attention_backward<float>(p, ws, s); break;
+    case DType::kFloat16: status = run_naive_attention_backward<__half>(p, ws, s); break;
+    case DType::kBFloat16: status = run_naive_attention_backward<__nv_bfloat16>(p, ws, s); break;
+    default:
+      status = Status::NotSupported(std::string("backend 'naive' (backward) supports float32, float16 and bfloat16; "
+                                                "got ") + dtype_name(p.dtype));
+  }
+  const Status freed = workspace.release();
+  return status.ok() ? freed : status;
+}
 
-Status mma_backward(const AttentionBackwardParams& p, void*) { return mma_can_implement_backward(p); }
+// ---------------------------------------------------------------------------
+// mma
+// ---------------------------------------------------------------------------
+
+Status mma_can_implement_backward(const AttentionBackwardParams& p) {
+  if (p.device_type != DeviceType::kCUDA) {
+    return Status::NotSupported("backend 'mma' runs on CUDA devices; got tensors on the CPU");
+  }
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+    return Status::NotSupported(std::string("backend 'mma' (backward) supports float16 and bfloat16; got ") +
+                                dtype_name(p.dtype));
+  }
+  if (p.head_dim != 64 && p.head_dim != 128) {
+    return Status::NotSupported("backend 'mma' (backward) supports head_dim 64 and 128; got " +
+                                std::to_string(p.head_dim));
+  }
+  if (!backward_vector_friendly(p)) {
+    return Status::NotSupported("backend 'mma' (backward) needs 16-byte aligned q/k/v/out/dout/dq/dk/dv with strides "
+                                "that are multiples of 8 elements");
+  }
+  int cc = 0;
+  if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
+  if (cc < 80) {
+    return Status::NotSupported("backend 'mma' needs compute capability >= 8.0; device " +
+                                std::to_string(p.device_id) + " has " + cc_string(cc));
+  }
+  const int64_t block_n = flash_bwd_mma_block_n(p.head_dim);
+  const int64_t bhk = p.batch * p.heads_kv;
+  if ((p.seqlen_k + block_n - 1) / block_n > INT32_MAX || bhk > int64_t{65535} * 65535) {
+    return Status::NotSupported("backend 'mma' (backward) supports batch * heads_kv up to 4294836225 and "
+                                "ceil(seqlen_k / " + std::to_string(block_n) + ") up to 2147483647; got " +
+                                std::to_string(bhk) + " and seqlen_k " + std::to_string(p.seqlen_k));
+  }
+  if (p.deterministic && (p.seqlen_k + block_n - 1) / block_n > INT32_MAX / 2) {
+    // the semaphores count key blocks in int
+    return Status::NotSupported("backend 'mma' (backward, deterministic) supports ceil(seqlen_k / " +
+                                std::to_string(block_n) + ") up to 1073741823; got seqlen_k " +
+                                std::to_string(p.seqlen_k));
+  }
+  int smem_optin = 0;
+  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
+  const int smem_bytes = flash_bwd_mma_smem_bytes(p.head_dim);
+  if (smem_bytes > smem_optin) {
+    return Status::NotSupported("backend 'mma' (backward) needs " + std::to_string(smem_bytes) +
+                                " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
+                                "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
+  }
+  return Status::Ok();
+}
+
+Status mma_backward(const AttentionBackwardParams& p, void* stream) {
+  if (p.batch == 0 || p.heads == 0) return Status::Ok();
+  DeviceGuard guard(p.device_id);
+  if (!guard.status().ok()) return guard.status();
+  const auto s = static_cast<cudaStream_t>(stream);
+  int64_t m_pad = 0;
+  const size_t bytes = flash_bwd_mma_workspace_bytes(p, &m_pad);
+  PoolWorkspace workspace(p.device_id, bytes, s, "mma backward workspace");
+  if (!workspace.status().ok()) return workspace.status();
+  Status status;
+  const auto unsupported = [&] {
+    return Status::NotSupported(std::string("backend 'mma' (backward) supports float16 and bfloat16 with head_dim 64 "
+                                            "and 128; got ") + dtype_name(p.dtype) + " with head_dim " +
+                                std::to_string(p.head_dim));
+  };
+  if (p.dtype == DType::kFloat16 && p.head_dim == 64) {
+    status = launch_flash_bwd_mma<__half, 64>(p, workspace.get(), s);
+  } else if (p.dtype == DType::kFloat16 && p.head_dim == 128) {
+    status = launch_flash_bwd_mma<__half, 128>(p, workspace.get(), s);
+  } else if (p.dtype == DType::kBFloat16 && p.head_dim == 64) {
+    status = launch_flash_bwd_mma<__nv_bfloat16, 64>(p, workspace.get(), s);
+  } else if (p.dtype == DType::kBFloat16 && p.head_dim == 128) {
+    status = launch_flash_bwd_mma<__nv_bfloat16, 128>(p, workspace.get(), s);
+  } else {
+    status = unsupported();
+  }
+  const Status freed = workspace.release();
+  return status.ok() ? freed : status;
+}
 
 }  // namespace waveboost::cuda

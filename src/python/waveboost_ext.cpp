@@ -261,6 +261,80 @@ AttentionParams make_params(const InputTensor& q, const InputTensor& k, const In
   return p;
 }
 
+// ---------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------
+
+// `t` must look like `ref` (a 4-D BSHD tensor): same dtype, device and shape, unit last stride.
+void check_like(const InputTensor& t, const char* name, const InputTensor& ref, const char* ref_name,
+                const char* layout) {
+  check_ndim(t, name, 4, layout);
+  if (t.dtype() != ref.dtype())
+    type_error(std::string(name) + " has dtype " + dtype_str(t.dtype()) + " but " + ref_name + " has " +
+               dtype_str(ref.dtype()) + "; they must match");
+  check_same_device(t, name, ref);
+  for (size_t d = 0; d < 4; ++d)
+    if (t.shape(d) != ref.shape(d))
+      value_error(std::string(name) + " has shape " + shape_str(t) + " but " + ref_name + " has shape " +
+                  shape_str(ref) + "; they must match");
+  check_unit_last_stride(t, name);
+}
+
+// Fills AttentionBackwardParams from DLPack tensors: the forward's checks (make_params) plus
+// those of dout, dlse and the three gradients, which must not overlap each other or any input.
+waveboost::AttentionBackwardParams make_backward_params(
+    const InputTensor& dout, const InputTensor& q, const InputTensor& k, const InputTensor& v,
+    const InputTensor& out, const InputTensor& lse, const InputTensor& dq, const InputTensor& dk,
+    const InputTensor& dv, const std::optional<InputTensor>& dlse, bool causal, std::optional<double> softmax_scale,
+    bool deterministic) {
+  waveboost::AttentionBackwardParams p;
+  static_cast<AttentionParams&>(p) = make_params(q, k, v, &out, lse, causal, softmax_scale);
+  check_like(dout, "dout", q, "q", "(batch, seqlen_q, heads, head_dim)");
+  check_like(dq, "dq", q, "q", "(batch, seqlen_q, heads, head_dim)");
+  check_like(dk, "dk", k, "k", "(batch, seqlen_k, heads_kv, head_dim)");
+  check_like(dv, "dv", v, "v", "(batch, seqlen_k, heads_kv, head_dim)");
+  if (dlse) {
+    const InputTensor& l = *dlse;
+    check_ndim(l, "dlse", 3, "(batch, heads, seqlen_q)");
+    if (!(l.dtype() == nb::dtype<float>())) type_error("dlse must have dtype float32; got " + dtype_str(l.dtype()));
+    check_same_device(l, "dlse", q);
+    for (size_t d = 0; d < 3; ++d)
+      if (l.shape(d) != lse.shape(d))
+        value_error("dlse has shape " + shape_str(l) + " but lse has shape " + shape_str(lse) + "; they must match");
+    check_unit_last_stride(l, "dlse");
+  }
+  const std::pair<const InputTensor*, const char*> grads[] = {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
+  for (size_t i = 0; i < 3; ++i) {
+    auto [g, gname] = grads[i];
+    check_no_internal_overlap(*g, gname);
+    for (auto [t, name] : {std::pair{&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}})
+      check_no_overlap(*g, gname, *t, name);
+    if (dlse) check_no_overlap(*g, gname, *dlse, "dlse");
+    for (size_t j = 0; j < i; ++j)
+      if (g->size() > 0 && grads[j].first->size() > 0) {
+        auto [a0, a1] = byte_span(*g);
+        auto [b0, b1] = byte_span(*grads[j].first);
+        if (a0 <= b1 && b0 <= a1)
+          value_error(std::string(gname) + " overlaps the memory of " + grads[j].second +
+                      "; dq, dk and dv must be separate buffers");
+      }
+  }
+  p.dout = dout.data();
+  p.dq = const_cast<void*>(dq.data());
+  p.dk = const_cast<void*>(dk.data());
+  p.dv = const_cast<void*>(dv.data());
+  p.do_batch_stride = dout.stride(0), p.do_row_stride = dout.stride(1), p.do_head_stride = dout.stride(2);
+  p.dq_batch_stride = dq.stride(0), p.dq_row_stride = dq.stride(1), p.dq_head_stride = dq.stride(2);
+  p.dk_batch_stride = dk.stride(0), p.dk_row_stride = dk.stride(1), p.dk_head_stride = dk.stride(2);
+  p.dv_batch_stride = dv.stride(0), p.dv_row_stride = dv.stride(1), p.dv_head_stride = dv.stride(2);
+  if (dlse) {
+    p.dlse = static_cast<const float*>(dlse->data());
+    p.dlse_batch_stride = dlse->stride(0), p.dlse_head_stride = dlse->stride(1);
+  }
+  p.deterministic = deterministic;
+  return p;
+}
+
 }  // namespace
 
 NB_MODULE(_waveboost, m) {
@@ -317,6 +391,59 @@ NB_MODULE(_waveboost, m) {
       },
       nb::arg("backend"), nb::arg("device_id"),
       "Whether a CUDA backend can run on that device with this build, for some dtype and head dim.");
+  // ---- Backward ----
+  m.def(
+      "backward",
+      [](InputTensor dout, InputTensor q, InputTensor k, InputTensor v, InputTensor out, InputTensor lse,
+         OutputTensor dq, OutputTensor dk, OutputTensor dv, std::optional<InputTensor> dlse, bool causal,
+         std::optional<double> softmax_scale, bool deterministic, const std::string& backend, uintptr_t stream) {
+        const Backend b = parse_backend_or_raise(backend);
+        const InputTensor dq_view(dq), dk_view(dk), dv_view(dv);
+        const waveboost::AttentionBackwardParams p = make_backward_params(
+            dout, q, k, v, out, lse, dq_view, dk_view, dv_view, dlse, causal, softmax_scale, deterministic);
+        Status s;
+        {
+          nb::gil_scoped_release release;
+          s = waveboost::attention_backward(p, b, reinterpret_cast<void*>(stream));
+        }
+        raise_status(s);
+      },
+      nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("dq"),
+      nb::arg("dk"), nb::arg("dv"), nb::arg("dlse").none(), nb::arg("causal"), nb::arg("softmax_scale").none(),
+      nb::arg("deterministic"), nb::arg("backend"), nb::arg("stream"),
+      "Writes the gradients of attention(q, k, v) (whose output and float32 logsumexp were `out` "
+      "and `lse`) with respect to q, k and v into dq, dk and dv, given dout (and dlse, the "
+      "gradient flowing into lse, when given), on `stream` for CUDA tensors.");
+
+  m.def(
+      "resolve_backward_backend",
+      [](InputTensor q, InputTensor k, InputTensor v, bool causal, const std::string& backend) {
+        const Backend b = parse_backend_or_raise(backend);
+        // A representative call: can_implement reads shapes, strides, dtype and the device, and
+        // only the alignment of the pointers, so the inputs stand in for the other tensors.
+        waveboost::AttentionBackwardParams p;
+        static_cast<AttentionParams&>(p) = make_params(q, k, v, nullptr, std::nullopt, causal, std::nullopt);
+        p.dout = p.q, p.dq = const_cast<void*>(p.q);
+        p.dk = const_cast<void*>(p.k), p.dv = const_cast<void*>(p.v);
+        p.lse = static_cast<float*>(const_cast<void*>(p.q));
+        p.lse_head_stride = p.seqlen_q, p.lse_batch_stride = p.heads * p.seqlen_q;
+        p.do_batch_stride = p.dq_batch_stride = p.q_batch_stride;
+        p.do_row_stride = p.dq_row_stride = p.q_row_stride;
+        p.do_head_stride = p.dq_head_stride = p.q_head_stride;
+        p.dk_batch_stride = p.k_batch_stride, p.dk_row_stride = p.k_row_stride, p.dk_head_stride = p.k_head_stride;
+        p.dv_batch_stride = p.v_batch_stride, p.dv_row_stride = p.v_row_stride, p.dv_head_stride = p.v_head_stride;
+        const Backend chosen = b == Backend::kAuto ? waveboost::select_backend(p) : b;
+        raise_status(waveboost::can_implement(p, chosen));
+        return std::string(waveboost::backend_name(chosen));
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal") = false, nb::arg("backend") = "auto",
+      "The backend a backward call with these tensors would run; raises ValueError with the reason if it cannot run.");
+
+  m.def(
+      "backend_has_backward",
+      [](const std::string& backend) { return waveboost::backend_has_backward(parse_backend_or_raise(backend)); },
+      nb::arg("backend"), "Whether `backend` has a backward pass (on some device, dtype and head dim).");
+
   m.def("version", &waveboost::version);
   m.def("cuda_compiled", &waveboost::cuda_compiled);
   m.def("cuda_architectures", &waveboost::cuda_architectures);

@@ -12,7 +12,7 @@ Outputs come from torch.empty (uninitialized) and are read afterwards, so an ele
 write shows up as an initcheck error; the script also fails on a NaN in out or lse (inputs are finite).
 It checks no numerics beyond that: tests/ does. Exit status 0 and a last line "run_cases: N calls OK".
 
-    python tests/sanitize/run_cases.py [--list]
+    python tests/sanitize/run_cases.py [--list] [--backward-only]
 """
 
 from __future__ import annotations
@@ -59,6 +59,26 @@ def cases():
     return out
 
 
+# Backward passes (naive, mma): (path, dtype name, shape, head_dim, causal, layout, deterministic, dlse).
+BACKWARD_PATH_DTYPES = {"naive": ["fp16", "bf16", "fp32"], "mma": ["fp16", "bf16"]}
+
+
+def backward_cases():
+    out = []
+    for path, dnames in BACKWARD_PATH_DTYPES.items():
+        for dname in dnames:
+            out.append((path, dname, SHAPE_A, 64, True, "contiguous", False, False))
+            out.append((path, dname, SHAPE_B, 128, True, "contiguous", False, True))  # rows with no key, dlse
+        out.append((path, "fp16", SHAPE_A, 128, False, "bhsd", False, True))
+        out.append((path, "bf16", SHAPE_B, 64, False, "contiguous", True, False))
+        out.append((path, "fp16", SHAPE_A, 64, True, "contiguous", True, False))
+        out.append((path, "bf16", (2, 33, 0, 4, 2), 64, False, "contiguous", False, False))  # seqlen_k = 0
+        out.append((path, "fp16", (2, 0, 40, 4, 2), 64, True, "contiguous", False, False))  # seqlen_q = 0
+    out.append(("naive", "fp16", SHAPE_A, 80, True, "contiguous", False, True))
+    out.append(("naive", "fp16", SHAPE_B, 64, False, "unaligned", False, False))
+    return out
+
+
 def make(shape, dtype, layout, g):
     b, l, h, d = shape
     if layout == "bhsd":
@@ -89,10 +109,29 @@ def run(case, g):
     return 1
 
 
+def run_backward(case, g):
+    """One attention_backward call on uninitialized dq/dk/dv; fails on a NaN in them."""
+    path, dname, (b, lq, lk, h, hkv), d, causal, layout, deterministic, with_dlse = case
+    dtype = DTYPES[dname]
+    q = make((b, lq, h, d), dtype, layout, g)
+    k = make((b, lk, hkv, d), dtype, layout, g)
+    v = make((b, lk, hkv, d), dtype, layout, g)
+    dout = make((b, lq, h, d), dtype, layout, g)
+    out, lse = waveboost.attention(q, k, v, causal=causal, return_lse=True, backend="naive")
+    dlse = torch.randn(b, h, lq, generator=g, device="cuda") if with_dlse else None
+    dq, dk, dv = (torch.empty(x.shape, device="cuda", dtype=dtype) for x in (q, k, v))
+    waveboost.attention_backward(dout, q, k, v, out, lse, causal=causal, dlse=dlse, dq=dq, dk=dk, dv=dv,
+                                 deterministic=deterministic, backend=path)
+    torch.cuda.synchronize()
+    for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert not torch.isnan(x).any().item(), f"NaN in {name}: {case}"
+    return 1
+
+
 def main():
     all_cases = cases()
     if "--list" in sys.argv:
-        for c in all_cases:
+        for c in all_cases + backward_cases():
             print(c)
         return
     info = waveboost.info()
@@ -101,9 +140,14 @@ def main():
         print("wgmma cases skipped: backend 'wgmma' needs compute capability 9.0", flush=True)
         all_cases = [c for c in all_cases if c[0] != "wgmma"]
     g = torch.Generator(device="cuda").manual_seed(0)
+    if "--backward-only" in sys.argv:  # the attention_backward calls alone
+        all_cases = []
     launched = 0
     for case in all_cases:
         launched += run(case, g)
+    for case in backward_cases():
+        launched += run_backward(case, g)
+    all_cases = all_cases + backward_cases()
     print(f"run_cases: {len(all_cases)} calls OK ({launched} launched, {len(all_cases) - launched} refused as documented)")
 
 

@@ -1,0 +1,633 @@
+// Tensor-core flash attention backward on raw mma.sync + ldmatrix (backend "mma").
+//
+// FlashAttention-2's backward algorithm. With c = softmax_scale, s = c q.k, P = exp(s - lse)
+// and D_i = rowsum(dO_i * O_i) - dlse_i:
+//
+//   preprocess   D and lse * log2(e) per query row (fp32 workspace; padded rows: D = 0 and
+//                +inf, which sends P to 0), and a zeroed fp32 dQ accumulator
+//   main         one block per (key block of kBlockN keys, batch, kv head); K and V stay in
+//                shared memory, dK and dV in registers, while the query blocks of every query
+//                head of the kv head's group stream by (Q, dO, lse, D double-buffered, cp.async):
+//                  S^T  = K Q^T                  keys are the M side: each warp owns 16 keys
+//                  P^T  = exp2(c log2(e) S^T - lse log2(e))
+//                  dP^T = V dO^T
+//                  dS^T = P^T * (dP^T - D)       (the gradient of the scaled score; dlse is in D)
+//                  dV  += P^T dO                 P^T's accumulators are the A operand as they stand
+//                  dK  += dS^T Q                 likewise dS^T (c is applied at the end)
+//                  dQ  += dS K                   dS^T through shared memory; 16 B fp32 reductions
+//                                                into the accumulator (red.global.add.v4.f32 on
+//                                                sm_90), or, deterministic, plain adds by one key
+//                                                block at a time in key-block order (a
+//                                                per-(head, query block) semaphore)
+//   convert      dq = c * dQ accumulator, in the element type
+//
+// The fragment layouts are those of mma_primitives.cuh. Tiles in shared memory have their 16 B
+// chunks XOR-swizzled by row (chunk ^ (row % 8)), so that eight rows of one ldmatrix (plain or
+// .trans) hit eight distinct bank groups. Operands read "transposed" (dO, Q and K as the B
+// operand with k along rows, dS^T as the A operand of dS K) use ldmatrix .trans.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "waveboost/cuda/common.cuh"
+#include "waveboost/cuda/mma_primitives.cuh"
+
+namespace waveboost::cuda {
+
+/// \brief Compile-time choices of the mma.sync backward.
+/// \tparam Element_  __half or __nv_bfloat16; accumulation is fp32.
+/// \tparam kHeadDim_ 64 or 128.
+template <typename Element_, int kHeadDim_, int kWarps_>
+struct FlashBwdMmaTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
+  // Keys per block: one m16 tile per warp. dK and dV take kHeadDim / 2 floats per thread each.
+  static constexpr int kBlockN = kWarps * 16;
+  // Query rows per step: S^T and dP^T take kBlockM / 2 floats per thread each. dQ splits its
+  // kBlockM x kHeadDim tile over the warps: kDqWarpsM m16 tiles of rows x kDqWarpsD dim ranges.
+  static constexpr int kBlockM = 64;
+  static constexpr int kDqWarpsM = kBlockM / 16;
+  static constexpr int kDqWarpsD = kWarps / kDqWarpsM;
+  static constexpr int kChunk = 8;  // elements per 16 B
+
+  static constexpr int kDimSlices = kHeadDim / 16;   // k16 slices of S^T and dP^T
+  static constexpr int kDimTiles = kHeadDim / 8;     // n8 tiles of dK, dV, dQ
+  static constexpr int kQueryTiles = kBlockM / 8;    // n8 tiles of S^T and dP^T
+  static constexpr int kQuerySlices = kBlockM / 16;  // k16 slices of dV and dK
+  static constexpr int kKeySlices = kBlockN / 16;    // k16 slices of dQ
+  static constexpr int kDqTilesPerWarp = kDimTiles / kDqWarpsD;
+  static constexpr int kDqTilesPerPass = kDqTilesPerWarp < 8 ? kDqTilesPerWarp : 8;  // at most 32 registers
+
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kDsTileBytes = kBlockN * kBlockM * 2;
+  static constexpr int kRowBytes = kBlockM * 4;
+  // K, V, Q[2], dO[2], dS^T, lse*log2e[2], D[2]
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKVTileBytes;
+  static constexpr int kQOffset = kVOffset + kKVTileBytes;
+  static constexpr int kDoOffset = kQOffset + 2 * kQTileBytes;
+  static constexpr int kDsOffset = kDoOffset + 2 * kQTileBytes;
+  static constexpr int kLseOffset = kDsOffset + kDsTileBytes;
+  static constexpr int kDOffset = kLseOffset + 2 * kRowBytes;
+  static constexpr int kSmemBytes = kDOffset + 2 * kRowBytes;
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(sizeof(Element) == 2, "16-bit elements");
+  static_assert(kWarps % kDqWarpsM == 0 && kDqTilesPerWarp % kDqTilesPerPass == 0 && kDqTilesPerPass % 2 == 0);
+  static_assert(kBlockM / kChunk >= 8 && kHeadDim / kChunk >= 8, "the swizzle needs rows of >= 8 chunks");
+};
+
+/// \brief The backward's fp32 workspace, [batch * heads][m_pad] rows (m_pad: seqlen_q rounded
+/// up to kBlockM).
+struct FlashBwdWorkspace {
+  float* dq_accum = nullptr;  // [batch * heads][m_pad][head_dim]
+  float* lse_log2 = nullptr;  // [batch * heads][m_pad]: lse * log2(e); -inf lse and padding: +inf
+  float* d_rows = nullptr;    // [batch * heads][m_pad]: rowsum(dO * O) - dlse; padding: 0
+  int* semaphores = nullptr;  // deterministic only: [batch * heads][m_pad / kBlockM], zeroed
+  int64_t m_pad = 0;
+};
+
+namespace flash_bwd {
+
+// Byte address of 16 B chunk `chunk` of row `row` in a swizzled tile with kWidth-element rows.
+template <int kWidth>
+__device__ __forceinline__ uint32_t swizzled(uint32_t tile, int row, int chunk) {
+  return tile + static_cast<uint32_t>(2 * (row * kWidth + ((chunk ^ (row % 8)) * 8)));
+}
+
+// Per-lane ldmatrix addressing in a swizzled kWidth-wide tile. An x4 load covers 16 rows x 2
+// chunks; the lane addresses row `row0 + row` (row0 a multiple of 8) and chunk `2 * pair + high`.
+// Its physical chunk is 8 (pair / 4) + ((2 (pair % 4)) ^ y) with y = high ^ (row % 8), so with
+// 128 B-aligned rows one register per operand (tile + row + 16 y) serves every load: XOR in
+// 32 (pair % 4), add 128 (pair / 4) and the row0 rows (bits 0..6 of the sum are untouched).
+template <int kWidth>
+struct LaneAddress {
+  uint32_t base;
+  __device__ __forceinline__ static LaneAddress make(uint32_t tile, int row, int high) {
+    return {tile + static_cast<uint32_t>(row * kWidth * 2 + ((high ^ (row % 8)) * 16))};
+  }
+  __device__ __forceinline__ uint32_t at(int row0, int pair) const {
+    return (base ^ static_cast<uint32_t>(32 * (pair % 4))) + static_cast<uint32_t>((pair / 4) * 128 + row0 * kWidth * 2);
+  }
+};
+
+// cp.async of rows [0, kRows) of a kWidth-wide tile; rows >= valid_rows are zero-filled.
+template <int kRows, int kWidth, int kThreads, typename Element>
+__device__ __forceinline__ void load_rows(uint32_t tile, const Element* src, int64_t row_stride, int64_t valid_rows) {
+  constexpr int kChunks = kWidth / 8;
+  static_assert((kRows * kChunks) % kThreads == 0);
+#pragma unroll
+  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+    const int idx = i * kThreads + static_cast<int>(threadIdx.x);
+    const int row = idx / kChunks;
+    const int chunk = idx % kChunks;
+    const bool valid = row < valid_rows;
+    const Element* g = valid ? src + row * row_stride + chunk * 8 : src;
+    mma::copy_async_16B(swizzled<kWidth>(tile, row, chunk), g, valid);
+  }
+}
+
+/// \brief D = rowsum(dO * O) - dlse and lse * log2(e) per (padded) query row, and a zeroed dQ
+/// accumulator row. One warp per row.
+template <typename Element>
+__global__ void preprocess_kernel(const __grid_constant__ AttentionBackwardParams p, FlashBwdWorkspace ws) {
+  constexpr int kRowWarps = 8;
+  const int lane = threadIdx.x % 32;
+  const int64_t num_rows = p.batch * p.heads * ws.m_pad;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32; row < num_rows;
+       row += static_cast<int64_t>(gridDim.x) * kRowWarps) {
+    const int64_t i = row % ws.m_pad;
+    const int64_t bh = row / ws.m_pad;
+    const int64_t b = bh / p.heads, h = bh % p.heads;
+    float d_row = 0.f, lse_log2 = INFINITY;
+    if (i < p.seqlen_q) {
+      const Element* o = static_cast<const Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
+                         h * p.o_head_stride;
+      const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride + i * p.do_row_stride +
+                            h * p.do_head_stride;
+      float acc = 0.f;
+      for (int64_t d = lane; d < p.head_dim; d += 32) acc = fmaf(to_float(dout[d]), to_float(o[d]), acc);
+      for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+      const float dlse = p.dlse != nullptr ? p.dlse[b * p.dlse_batch_stride + h * p.dlse_head_stride + i] : 0.f;
+      d_row = acc - dlse;
+      const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i];
+      lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    }
+    if (lane == 0) {
+      ws.d_rows[row] = d_row;
+      ws.lse_log2[row] = lse_log2;
+    }
+    float* dq_row = ws.dq_accum + row * p.head_dim;
+    for (int64_t d = lane; d < p.head_dim; d += 32) dq_row[d] = 0.f;
+  }
+}
+
+/// \brief dq[b, i, h, :] = softmax_scale * dQ accumulator, eight elements per thread.
+template <typename Element>
+__global__ void convert_dq_kernel(const __grid_constant__ AttentionBackwardParams p, const float* dq_accum,
+                                  int64_t m_pad) {
+  const int64_t chunks_per_row = p.head_dim / 8;
+  const int64_t total = p.batch * p.heads * p.seqlen_q * chunks_per_row;
+  const float scale = static_cast<float>(p.softmax_scale);
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t chunk = idx % chunks_per_row;
+    const int64_t i = idx / chunks_per_row % p.seqlen_q;
+    const int64_t bh = idx / chunks_per_row / p.seqlen_q;
+    const int64_t b = bh / p.heads, h = bh % p.heads;
+    const float4* src = reinterpret_cast<const float4*>(dq_accum + (bh * m_pad + i) * p.head_dim + chunk * 8);
+    const float4 x = src[0], y = src[1];
+    uint4 packed;
+    packed.x = pack_pair<Element>(x.x * scale, x.y * scale);
+    packed.y = pack_pair<Element>(x.z * scale, x.w * scale);
+    packed.z = pack_pair<Element>(y.x * scale, y.y * scale);
+    packed.w = pack_pair<Element>(y.z * scale, y.w * scale);
+    Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + i * p.dq_row_stride + h * p.dq_head_stride;
+    *reinterpret_cast<uint4*>(dq + chunk * 8) = packed;
+  }
+}
+
+// *at += x, atomically per element (a 16 B vector reduction on sm_90).
+__device__ __forceinline__ void reduce_add_16B(float4* at, float4 x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(at), "f"(x.x), "f"(x.y), "f"(x.z), "f"(x.w)
+               : "memory");
+#else
+  float* p = reinterpret_cast<float*>(at);
+  atomicAdd(p, x.x);
+  atomicAdd(p + 1, x.y);
+  atomicAdd(p + 2, x.z);
+  atomicAdd(p + 3, x.w);
+#endif
+}
+
+// The semaphore of one (batch * head, query block) for the deterministic dQ.
+__device__ __forceinline__ void wait_for_turn(const int* semaphore, int turn) {
+  if (threadIdx.x == 0) {
+    while (*reinterpret_cast<const volatile int*>(semaphore) != turn) __nanosleep(64);
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void pass_turn(int* semaphore) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(semaphore, 1);
+}
+
+/// \brief One block: kBlockN keys of one (batch, kv head).
+template <typename Traits, bool kCausal, bool kDeterministic>
+__device__ __forceinline__ void backward_block(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kThreads = Traits::kThreads;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t base = mma::shared_address(smem);
+  const uint32_t k_tile = base + Traits::kKOffset;
+  const uint32_t v_tile = base + Traits::kVOffset;
+  const uint32_t ds_tile = base + Traits::kDsOffset;
+  const float* lse_smem = reinterpret_cast<const float*>(smem + Traits::kLseOffset);
+  const float* d_smem = reinterpret_cast<const float*>(smem + Traits::kDOffset);
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  const int64_t bhk = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
+  if (bhk >= p.batch * p.heads_kv) return;
+  const int64_t b = bhk / p.heads_kv;
+  const int64_t h_kv = bhk % p.heads_kv;
+  const int64_t group = p.heads / p.heads_kv;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBlockN;
+  const int64_t causal_offset = p.seqlen_k - p.seqlen_q;
+
+  // Query blocks this key block is seen by: all, or (causal) from the one holding the first
+  // row that sees key n0.
+  const int64_t m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int64_t m_begin = kCausal ? (n0 - causal_offset > 0 ? (n0 - causal_offset) / kBlockM : 0) : 0;
+  const int64_t m_count = m_blocks > m_begin ? m_blocks - m_begin : 0;
+  const int64_t steps = group * m_count;
+
+  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride +
+                     n0 * p.k_row_stride;
+  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride +
+                     n0 * p.v_row_stride;
+  load_rows<kBlockN, kHeadDim, kThreads>(k_tile, k, p.k_row_stride, p.seqlen_k - n0);
+  load_rows<kBlockN, kHeadDim, kThreads>(v_tile, v, p.v_row_stride, p.seqlen_k - n0);
+
+  // Step s: query head h_kv * group + s / m_count, query block m_begin + s % m_count.
+  const auto step_head = [&](int64_t s) { return h_kv * group + s / m_count; };
+  const auto step_block = [&](int64_t s) { return m_begin + s % m_count; };
+  const auto issue_step = [&](int64_t s, int buf) {
+    const int64_t h = step_head(s);
+    const int64_t m0 = step_block(s) * kBlockM;
+    const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
+                       m0 * p.q_row_stride;
+    const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride +
+                          m0 * p.do_row_stride;
+    load_rows<kBlockM, kHeadDim, kThreads>(base + Traits::kQOffset + buf * Traits::kQTileBytes, q, p.q_row_stride,
+                                           p.seqlen_q - m0);
+    load_rows<kBlockM, kHeadDim, kThreads>(base + Traits::kDoOffset + buf * Traits::kQTileBytes, dout,
+                                           p.do_row_stride, p.seqlen_q - m0);
+    constexpr int kRowChunks = kBlockM / 4;  // 16 B chunks of one row vector
+    static_assert(2 * kRowChunks <= kThreads);
+    const int64_t row0 = (b * p.heads + h) * ws.m_pad + m0;
+    if (threadIdx.x < 2 * kRowChunks) {
+      const int c = threadIdx.x % kRowChunks;
+      const bool is_lse = threadIdx.x < kRowChunks;
+      const float* src = (is_lse ? ws.lse_log2 : ws.d_rows) + row0 + 4 * c;
+      const uint32_t dst = base + (is_lse ? Traits::kLseOffset : Traits::kDOffset) + buf * Traits::kRowBytes + 16 * c;
+      mma::copy_async_16B(dst, src, true);
+    }
+  };
+
+  if (steps > 0) issue_step(0, 0);
+  mma::commit_copies();
+
+  float dk[Traits::kDimTiles][4];
+  float dv[Traits::kDimTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < Traits::kDimTiles; ++dt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
+  }
+
+  const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
+  const int key_row = warp * 16;  // this warp's keys within the block
+
+  // Lane addresses: K/V rows as the A operand (plain); Q/dO rows as the B operand (plain, S^T and
+  // dP^T); dO/Q/K rows as the B operand with k along the rows (.trans); dS^T as dQ's A (.trans).
+  // Q and dO, K and V, and the buffers lie 128 B multiples apart, so one base serves each pair.
+  static_assert(Traits::kVOffset % 128 == 0 && Traits::kQOffset % 128 == 0 && Traits::kDoOffset % 128 == 0 &&
+                Traits::kQTileBytes % 128 == 0 && Traits::kDsOffset % 128 == 0);
+  const auto kv_a = LaneAddress<kHeadDim>::make(k_tile, key_row + lane % 16, lane / 16);
+  const auto qdo_b = LaneAddress<kHeadDim>::make(base + Traits::kQOffset, lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+  const auto rows_bt = LaneAddress<kHeadDim>::make(base, lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+  const int dq_m = warp % Traits::kDqWarpsM;  // dQ: this warp's m16 tile of query rows
+  const int dq_tile0 = warp / Traits::kDqWarpsM * Traits::kDqTilesPerWarp;  // and its first n8 tile of dims
+  const uint32_t ds_a = LaneAddress<kBlockM>::make(ds_tile, lane % 8 + 8 * (lane / 16), (lane / 8) % 2).at(0, dq_m);
+  constexpr uint32_t kVFromK = Traits::kVOffset - Traits::kKOffset;
+  constexpr uint32_t kDoFromQ = Traits::kDoOffset - Traits::kQOffset;
+
+  for (int64_t s = 0; s < steps; ++s) {
+    const int buf = static_cast<int>(s & 1);
+    if (s + 1 < steps) {
+      issue_step(s + 1, buf ^ 1);  // the other buffers: read last in step s - 1, before its dS barrier
+      mma::commit_copies();
+      mma::wait_copies<1>();
+    } else {
+      mma::wait_copies<0>();
+    }
+    __syncthreads();  // step s's tiles visible to every warp; every warp is done with dS^T of step s - 1
+
+    const int64_t h = step_head(s);
+    const int64_t m_index = step_block(s);
+    const int64_t m0 = m_index * kBlockM;
+    const float* lse_row = lse_smem + buf * kBlockM;
+    const float* d_row = d_smem + buf * kBlockM;
+
+    // S^T = K Q^T for this warp's 16 keys x kBlockM queries, then P^T in place; then dP^T = V dO^T.
+    // Accumulator (nt, e): key n0 + key_row + g + 8 (e / 2), query m0 + 8 nt + 2 t + e % 2.
+    float st[Traits::kQueryTiles][4];
+    float dpt[Traits::kQueryTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
+    }
+#pragma unroll
+    for (int ds = 0; ds < Traits::kDimSlices; ++ds) {
+      uint32_t a_k[4];
+      mma::load_matrix_x4(a_k, kv_a.at(0, ds));
+#pragma unroll
+      for (int np = 0; np < Traits::kQueryTiles / 2; ++np) {
+        uint32_t b_q[4];
+        mma::load_matrix_x4(b_q, qdo_b.at(16 * np, ds) + buf * Traits::kQTileBytes);
+        mma::mma_16x8x16<Element>(st[2 * np], a_k, b_q[0], b_q[1]);
+        mma::mma_16x8x16<Element>(st[2 * np + 1], a_k, b_q[2], b_q[3]);
+      }
+    }
+
+    // Keys past the sequence and (causal) keys a query does not see get P = 0; padded query
+    // rows have lse * log2(e) = +inf, so P = 0 there without a test.
+    const bool masked = n0 + kBlockN > p.seqlen_k || (kCausal && n0 + kBlockN - 1 > m0 + causal_offset);
+#pragma unroll
+    for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * nt + 2 * t + e % 2;
+        float prob = mma::exp2(st[nt][e] * scale_log2 - lse_row[col]);
+        if (masked) {
+          const int64_t key = n0 + key_row + g + 8 * (e / 2);
+          const bool visible = key < p.seqlen_k && (!kCausal || key <= m0 + col + causal_offset);
+          prob = visible ? prob : 0.f;
+        }
+        st[nt][e] = prob;
+      }
+    }
+
+#pragma unroll
+    for (int ds = 0; ds < Traits::kDimSlices; ++ds) {
+      uint32_t a_v[4];
+      mma::load_matrix_x4(a_v, kv_a.at(0, ds) + kVFromK);
+#pragma unroll
+      for (int np = 0; np < Traits::kQueryTiles / 2; ++np) {
+        uint32_t b_do[4];
+        mma::load_matrix_x4(b_do, qdo_b.at(16 * np, ds) + buf * Traits::kQTileBytes + kDoFromQ);
+        mma::mma_16x8x16<Element>(dpt[2 * np], a_v, b_do[0], b_do[1]);
+        mma::mma_16x8x16<Element>(dpt[2 * np + 1], a_v, b_do[2], b_do[3]);
+      }
+    }
+
+    // dS^T = P^T (dP^T - D); both packed to 16 bits as A operands (tile nt fills half nt % 2 of
+    // k16 slice nt / 2: registers {0, 1} for its rows g and g + 8, {2, 3} for the next tile).
+    uint32_t pt[Traits::kQuerySlices][4];
+    uint32_t dst[Traits::kQuerySlices][4];
+#pragma unroll
+    for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int col = 8 * nt + 2 * t;
+        const float p0 = st[nt][2 * half], p1 = st[nt][2 * half + 1];
+        pt[nt / 2][2 * (nt % 2) + half] = pack_pair<Element>(p0, p1);
+        dst[nt / 2][2 * (nt % 2) + half] = pack_pair<Element>(p0 * (dpt[nt][2 * half] - d_row[col]),
+                                                              p1 * (dpt[nt][2 * half + 1] - d_row[col + 1]));
+      }
+    }
+
+    // dS^T to shared memory ([key][query]) for dQ: one 4 B word per (row, chunk, t).
+#pragma unroll
+    for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t addr = swizzled<kBlockM>(ds_tile, key_row + g + 8 * half, nt) + 4 * t;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dst[nt / 2][2 * (nt % 2) + half]) : "memory");
+      }
+    }
+
+    // dV += P^T dO and dK += dS^T Q: B operands with k along the query rows (.trans).
+#pragma unroll
+    for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
+#pragma unroll
+      for (int dp = 0; dp < Traits::kDimTiles / 2; ++dp) {
+        const uint32_t q_at = rows_bt.at(16 * ks, dp) + Traits::kQOffset + buf * Traits::kQTileBytes;
+        uint32_t b_do[4], b_q[4];
+        mma::load_matrix_x4_trans(b_do, q_at + kDoFromQ);
+        mma::load_matrix_x4_trans(b_q, q_at);
+        mma::mma_16x8x16<Element>(dv[2 * dp], pt[ks], b_do[0], b_do[1]);
+        mma::mma_16x8x16<Element>(dv[2 * dp + 1], pt[ks], b_do[2], b_do[3]);
+        mma::mma_16x8x16<Element>(dk[2 * dp], dst[ks], b_q[0], b_q[1]);
+        mma::mma_16x8x16<Element>(dk[2 * dp + 1], dst[ks], b_q[2], b_q[3]);
+      }
+    }
+    __syncthreads();  // dS^T complete
+
+    // dQ (kBlockM x kHeadDim) += dS K: this warp's 16 query rows x kDqTilesPerWarp n8 tiles of dims.
+    float* dq_rows = ws.dq_accum + ((b * p.heads + h) * ws.m_pad + m0 + 16 * dq_m) * kHeadDim;
+    int* semaphore = kDeterministic ? ws.semaphores + (b * p.heads + h) * (ws.m_pad / kBlockM) + m_index : nullptr;
+    if constexpr (kDeterministic) wait_for_turn(semaphore, static_cast<int>(blockIdx.x));
+#pragma unroll
+    for (int pass = 0; pass < Traits::kDqTilesPerWarp / Traits::kDqTilesPerPass; ++pass) {
+      float dq[Traits::kDqTilesPerPass][4];
+#pragma unroll
+      for (int dt = 0; dt < Traits::kDqTilesPerPass; ++dt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[dt][e] = 0.f;
+      }
+#pragma unroll
+      for (int ks = 0; ks < Traits::kKeySlices; ++ks) {
+        uint32_t a_ds[4];
+        mma::load_matrix_x4_trans(a_ds, ds_a + 16 * ks * kBlockM * 2);
+#pragma unroll
+        for (int dp = 0; dp < Traits::kDqTilesPerPass / 2; ++dp) {
+          uint32_t b_k[4];
+          mma::load_matrix_x4_trans(b_k, rows_bt.at(16 * ks, (dq_tile0 + pass * Traits::kDqTilesPerPass) / 2 + dp) + Traits::kKOffset);
+          mma::mma_16x8x16<Element>(dq[2 * dp], a_ds, b_k[0], b_k[1]);
+          mma::mma_16x8x16<Element>(dq[2 * dp + 1], a_ds, b_k[2], b_k[3]);
+        }
+      }
+      // Four consecutive dims per thread: even t takes row g, dims 2t..2t+3 (its own pair and
+      // t + 1's), odd t row g + 8, dims 2t-2..2t+1; one 16 B reduction each.
+#pragma unroll
+      for (int dt = 0; dt < Traits::kDqTilesPerPass; ++dt) {
+        const bool even = t % 2 == 0;
+        const float give0 = even ? dq[dt][2] : dq[dt][0];
+        const float give1 = even ? dq[dt][3] : dq[dt][1];
+        const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+        const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+        const float4 sum = even ? make_float4(dq[dt][0], dq[dt][1], got0, got1)
+                                : make_float4(got0, got1, dq[dt][2], dq[dt][3]);
+        const int row = even ? g : g + 8;
+        const int dim = (dq_tile0 + pass * Traits::kDqTilesPerPass + dt) * 8 + 2 * (t & ~1);
+        float4* at = reinterpret_cast<float4*>(dq_rows + row * kHeadDim + dim);
+        if constexpr (kDeterministic) {
+          const float4 old = __ldcg(at);
+          __stcg(at, make_float4(old.x + sum.x, old.y + sum.y, old.z + sum.z, old.w + sum.w));
+        } else {
+          reduce_add_16B(at, sum);
+        }
+      }
+    }
+    if constexpr (kDeterministic) pass_turn(semaphore);
+  }
+  mma::wait_copies<0>();  // with no step, K and V were loaded for nothing: never exit with copies in flight
+
+  // dK (scaled by softmax_scale) and dV straight from the accumulators: 4 B stores of two dims.
+  const float scale = static_cast<float>(p.softmax_scale);
+  Element* dk_out = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
+  Element* dv_out = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t key = n0 + key_row + g + 8 * half;
+    if (key < p.seqlen_k) {
+#pragma unroll
+      for (int dt = 0; dt < Traits::kDimTiles; ++dt) {
+        const int dim = 8 * dt + 2 * t;
+        *reinterpret_cast<uint32_t*>(dk_out + key * p.dk_row_stride + dim) =
+            pack_pair<Element>(dk[dt][2 * half] * scale, dk[dt][2 * half + 1] * scale);
+        *reinterpret_cast<uint32_t*>(dv_out + key * p.dv_row_stride + dim) =
+            pack_pair<Element>(dv[dt][2 * half], dv[dt][2 * half + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace flash_bwd
+
+// Warps per block of the main kernel (kWarps x 16 keys per block). On an H100 (bf16, FA2 grid,
+// benchmarks/backward_bench.py) 8 warps ran head dim 128 1.18-1.31x faster than 4 (half the dQ
+// reductions and Q/dO loads per key); at head dim 64 the two were within 10% of each other,
+// with 4 (two blocks per SM) ahead on causal.
+template <int kHeadDim>
+inline constexpr int kFlashBwdMmaWarps = kHeadDim == 128 ? 8 : 4;
+
+/// \brief The main backward kernel; grid (key blocks, batch * heads_kv folded over y and z).
+/// 255 registers per thread: one block of 8 warps (or two of 4) per SM.
+template <typename Element, int kHeadDim, int kWarps, bool kCausal, bool kDeterministic>
+__global__ void __launch_bounds__(kWarps * 32, 8 / kWarps)
+    flash_bwd_mma_kernel(const __grid_constant__ AttentionBackwardParams p, const FlashBwdWorkspace ws) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // cp.async and bf16 mma need sm_80; mma_can_implement_backward refuses older devices
+#else
+  flash_bwd::backward_block<FlashBwdMmaTraits<Element, kHeadDim, kWarps>, kCausal, kDeterministic>(p, ws);
+#endif
+}
+
+template <int kHeadDim>
+using FlashBwdMmaTraitsFor = FlashBwdMmaTraits<__half, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>;
+
+// Keys per block of the main kernel for a head dim (the same for both 16-bit types), 0 if unsupported.
+inline int64_t flash_bwd_mma_block_n(int64_t head_dim) {
+  switch (head_dim) {
+    case 64: return FlashBwdMmaTraitsFor<64>::kBlockN;
+    case 128: return FlashBwdMmaTraitsFor<128>::kBlockN;
+    default: return 0;
+  }
+}
+
+// Shared memory per main-kernel block for a head dim (the same for both 16-bit types), 0 if unsupported.
+inline int flash_bwd_mma_smem_bytes(int64_t head_dim) {
+  switch (head_dim) {
+    case 64: return FlashBwdMmaTraitsFor<64>::kSmemBytes;
+    case 128: return FlashBwdMmaTraitsFor<128>::kSmemBytes;
+    default: return 0;
+  }
+}
+
+// Bytes of the workspace: dQ accumulator, lse * log2(e), D, and (deterministic) the semaphores.
+inline size_t flash_bwd_mma_workspace_bytes(const AttentionBackwardParams& p, int64_t* m_pad) {
+  constexpr int64_t kBlockM = FlashBwdMmaTraitsFor<64>::kBlockM;
+  static_assert(kBlockM == FlashBwdMmaTraitsFor<128>::kBlockM);
+  *m_pad = (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM;
+  const int64_t rows = p.batch * p.heads * *m_pad;
+  size_t bytes = static_cast<size_t>(rows) * (p.head_dim + 2) * sizeof(float);
+  if (p.deterministic) bytes += static_cast<size_t>(rows / kBlockM) * sizeof(int);
+  return bytes;
+}
+
+/// \brief Launches preprocess, main and convert kernels on `stream` (params.device_id current)
+/// over `workspace` (flash_bwd_mma_workspace_bytes).
+template <typename Element, int kHeadDim>
+Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream);
+
+extern template Status launch_flash_bwd_mma<__half, 64>(const AttentionBackwardParams&, void*, cudaStream_t);
+extern template Status launch_flash_bwd_mma<__half, 128>(const AttentionBackwardParams&, void*, cudaStream_t);
+extern template Status launch_flash_bwd_mma<__nv_bfloat16, 64>(const AttentionBackwardParams&, void*, cudaStream_t);
+extern template Status launch_flash_bwd_mma<__nv_bfloat16, 128>(const AttentionBackwardParams&, void*, cudaStream_t);
+
+template <typename Element, int kHeadDim, int kWarps, bool kCausal, bool kDeterministic>
+Status launch_flash_bwd_mma_main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, cudaStream_t stream) {
+  using Traits = FlashBwdMmaTraits<Element, kHeadDim, kWarps>;
+  constexpr int64_t kMaxGridYZ = 65535;
+  const int64_t bhk = p.batch * p.heads_kv;
+  const int64_t grid_x = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  const int64_t grid_y = bhk < kMaxGridYZ ? bhk : kMaxGridYZ;
+  const int64_t grid_z = (bhk + grid_y - 1) / grid_y;
+  if (grid_x > INT32_MAX || grid_z > kMaxGridYZ) {
+    return Status::NotSupported("backend 'mma' (backward) supports batch * heads_kv up to 4294836225 and "
+                                "ceil(seqlen_k / " + std::to_string(Traits::kBlockN) + ") up to 2147483647");
+  }
+  const auto kernel = flash_bwd_mma_kernel<Element, kHeadDim, kWarps, kCausal, kDeterministic>;
+  WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y), static_cast<unsigned>(grid_z));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, ws);
+  return cuda_status(cudaGetLastError(), "flash_bwd_mma_kernel launch");
+}
+
+template <typename Element, int kHeadDim, int kWarps>
+Status launch_flash_bwd_mma_main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, cudaStream_t stream) {
+  if (p.is_causal) {
+    return p.deterministic ? launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, true, true>(p, ws, stream)
+                           : launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, true, false>(p, ws, stream);
+  }
+  return p.deterministic ? launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, false, true>(p, ws, stream)
+                         : launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, false, false>(p, ws, stream);
+}
+
+template <typename Element, int kHeadDim>
+Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
+  using Traits = FlashBwdMmaTraits<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>;
+  constexpr int64_t kMaxGrid = 1 << 20;  // grid-stride kernels: enough blocks to fill any GPU
+  FlashBwdWorkspace ws;
+  flash_bwd_mma_workspace_bytes(p, &ws.m_pad);
+  const int64_t rows = p.batch * p.heads * ws.m_pad;
+  ws.dq_accum = static_cast<float*>(workspace);
+  ws.lse_log2 = ws.dq_accum + rows * kHeadDim;
+  ws.d_rows = ws.lse_log2 + rows;
+  if (p.deterministic) {
+    ws.semaphores = reinterpret_cast<int*>(ws.d_rows + rows);
+    WAVEBOOST_CUDA_RETURN(cudaMemsetAsync(ws.semaphores, 0, static_cast<size_t>(rows / Traits::kBlockM) * sizeof(int),
+                                          stream));
+  }
+  if (rows > 0) {
+    const int64_t blocks = (rows + 7) / 8;
+    flash_bwd::preprocess_kernel<Element>
+        <<<static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid), 256, 0, stream>>>(p, ws);
+    WAVEBOOST_CUDA_RETURN(cudaGetLastError());
+  }
+  if (p.seqlen_k > 0) {
+    if (Status s = launch_flash_bwd_mma_main<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>(p, ws, stream); !s.ok()) {
+      return s;
+    }
+  }
+  const int64_t chunks = p.batch * p.heads * p.seqlen_q * (kHeadDim / 8);
+  if (chunks > 0) {
+    const int64_t blocks = (chunks + 255) / 256;
+    flash_bwd::convert_dq_kernel<Element>
+        <<<static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid), 256, 0, stream>>>(p, ws.dq_accum, ws.m_pad);
+    WAVEBOOST_CUDA_RETURN(cudaGetLastError());
+  }
+  return Status::Ok();
+}
+
+}  // namespace waveboost::cuda
