@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "waveboost/attention.h"
@@ -433,6 +434,16 @@ AttentionParams make_sequence_params(const InputTensor& q, const InputTensor& k,
     p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
   }
   if (seqused_k) p.seqused_k = index_array(*seqused_k, "seqused_k", {batch}, "(batch,)", q, "q");
+  // Host memory costs nothing to read: the packed extents are checked here (the CPU backend checks
+  // the rest of the indices it follows). On a device they are checked only by validate=True.
+  if (q.device_type() == nb::device::cpu::value) {
+    for (auto [cu, name, t] : {std::tuple{p.cu_seqlens_q, "cu_seqlens_q", &q}, {p.cu_seqlens_k, "cu_seqlens_k", &k}}) {
+      if (cu == nullptr) continue;
+      if (cu[0] < 0 || cu[batch] > static_cast<int64_t>(t->shape(0)))
+        value_error(std::string(name) + " must lie in [0, " + std::to_string(t->shape(0)) + "] (the packed rows); got " +
+                    name + "[0] = " + std::to_string(cu[0]) + ", " + name + "[-1] = " + std::to_string(cu[batch]));
+    }
+  }
 
   if (lse) {
     const InputTensor& l = *lse;
