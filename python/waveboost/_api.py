@@ -334,6 +334,15 @@ def _check_jax_eager(arrays: tuple, what: str) -> None:
         )
 
 
+def _check_index(x: Any, arg: str, shape: tuple, layout: str) -> None:
+    dtype = str(getattr(x, "dtype", type(x).__name__)).rsplit(".", 1)[-1]
+    if dtype != "int32":
+        raise TypeError(f"{arg} must have dtype int32; got {dtype}")
+    got = tuple(getattr(x, "shape", ()))
+    if got != shape:
+        raise ValueError(f"{arg} must have shape {layout} = {shape}; got {got}")
+
+
 def _max_length(cu_seqlens: Any) -> int:
     import numpy as np
 
@@ -569,6 +578,8 @@ def attention_with_kvcache(
             raise ValueError(f"k_new must be a 4-D tensor (batch, seqlen_new, heads_kv, head_dim); got shape {new_shape}")
         if new_shape[0] != shape[0]:
             raise ValueError(f"k_new has batch {new_shape[0]} but q has {shape[0]}; they must match")
+    # Named here: the compiled call sees cache_seqlens as the forward's seqused_k.
+    _check_index(cache_seqlens, "cache_seqlens", (shape[0],), "(batch,)")
     is_jax = adapter.name == "jax"
     if is_jax:
         _check_jax_eager((q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out),
@@ -639,6 +650,8 @@ def merge_attention_states(outs: Any, lses: Any, *, out: Any = None, return_lse:
     Returns:
         ``(out, lse)`` (the default) or ``out``.
     """
+    if isinstance(outs, (list, tuple)) and not outs:
+        raise ValueError("outs must hold at least one part; got an empty sequence")
     first = outs[0] if isinstance(outs, (list, tuple)) else outs
     adapter = _adapter_for(first, "outs")
     if isinstance(outs, (list, tuple)):
