@@ -323,3 +323,39 @@ def test_gpu_kvcache(rng, backend, dtype, heads, heads_kv, seqlen_q, page_size):
         gathered = torch.stack([torch.cat([k_store[int(p)] for p in tb[b]]) for b in range(batch)])
         assert torch.equal(gathered, expected_k)
     _half_rule(out, q, expected_k, expected_v, lengths + seqlen_q, True)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_jax_jit_decode_loop_with_donated_caches(rng, paged):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    wbj = pytest.importorskip("waveboost.jax")
+    if not wbj.kvcache_ffi_available():
+        pytest.skip("this build of waveboost has no XLA FFI handlers (jaxlib's headers were not found)")
+    batch, heads, heads_kv, head_dim, page_size, steps = 2, 4, 2, 16, 4, 9
+    max_len = 12
+    ks = rng.standard_normal((batch, steps, heads_kv, head_dim)).astype(np.float32)
+    vs = rng.standard_normal((batch, steps, heads_kv, head_dim)).astype(np.float32)
+    qs = rng.standard_normal((batch, steps, heads, head_dim)).astype(np.float32)
+    if paged:
+        pages = batch * max_len // page_size + 2
+        table = jnp.asarray(rng.permutation(pages)[: pages - 2].reshape(batch, -1).astype(np.int32))
+        shape = (pages, page_size, heads_kv, head_dim)
+    else:
+        table = None
+        shape = (batch, max_len, heads_kv, head_dim)
+    k_cache, v_cache = jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
+
+    @jax.jit
+    def step_fn(q, kc, vc, lengths, kn, vn):
+        out, kc, vc = wbj.attention_with_kvcache(q, kc, vc, lengths, block_table=table, k_new=kn, v_new=vn)
+        return out, kc, vc, lengths + kn.shape[1]
+
+    step = jax.jit(step_fn, donate_argnums=(1, 2))
+    lengths = jnp.zeros((batch,), jnp.int32)
+    for t in range(steps):
+        out, k_cache, v_cache, lengths = step(qs[:, t:t + 1], k_cache, v_cache, lengths, ks[:, t:t + 1],
+                                              vs[:, t:t + 1])
+    ref, _ = _ref(qs[:, -1:], ks, vs, [steps] * batch, False)
+    assert rel_err(np.asarray(out), ref) < 1e-5
+    np.testing.assert_array_equal(np.asarray(lengths), [steps] * batch)

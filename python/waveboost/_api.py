@@ -560,8 +560,10 @@ def attention_with_kvcache(
     Returns:
         ``out`` or ``(out, lse)``. JAX arrays are immutable: with ``k_new`` a JAX call returns
         ``(out, k_cache, v_cache)`` or ``(out, lse, k_cache, v_cache)`` with the updated caches.
-        This route is eager (DLPack, outside ``jit``) and the updated caches are copies of the
-        inputs, so each call copies the whole cache; there is no in-place update under ``jit``.
+        JAX arrays go through ``waveboost.jax.attention_with_kvcache`` (an XLA custom call, usable
+        under ``jit``; with the caches donated XLA updates them in place) when this build has the
+        XLA FFI handlers. Otherwise (or with ``out=`` or ``validate=True``) they take an eager
+        DLPack route that copies each cache before appending.
     """
     backend = _check_backend_name(backend)
     softmax_scale = _check_scale(softmax_scale)
@@ -582,6 +584,13 @@ def attention_with_kvcache(
     _check_index(cache_seqlens, "cache_seqlens", (shape[0],), "(batch,)")
     is_jax = adapter.name == "jax"
     if is_jax:
+        from . import jax as waveboost_jax
+
+        if out is None and not validate and waveboost_jax.kvcache_ffi_available():
+            # XLA's route: works under jit, the cache results alias the cache operands.
+            return waveboost_jax.attention_with_kvcache(
+                q, k_cache, v_cache, cache_seqlens, block_table=block_table, k_new=k_new, v_new=v_new,
+                causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, backend=backend)
         _check_jax_eager((q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out),
                          "attention_with_kvcache")
     if validate:
