@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from . import _waveboost
 
-BACKENDS = ("auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma")
+BACKENDS = ("auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma", "decode")
 
 
 class _Adapter(NamedTuple):
@@ -163,7 +163,8 @@ def attention(
         out: optional preallocated output (same framework, device, dtype and shape as ``q``).
         return_lse: also return the float32 (batch, heads, seqlen_q) natural-log logsumexp of
             the scaled scores.
-        backend: "auto", "cpu", "naive", "simt", "wmma", "mma" or "wgmma" (see the README's backends table).
+        backend: "auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma" or "decode" (see the README's
+            backends table).
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse`` is true; arrays of ``q``'s framework.
