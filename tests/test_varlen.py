@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import waveboost
 from reference import attention_varlen_ref, cu_seqlens, paged_from_contiguous, rel_err
@@ -333,3 +335,48 @@ def test_default_scale_is_inverse_sqrt_head_dim(rng):
     a = waveboost.attention_varlen(q, k, v, cu_q, cu_k)
     b = waveboost.attention_varlen(q, k, v, cu_q, cu_k, softmax_scale=1 / math.sqrt(8))
     np.testing.assert_array_equal(a, b)
+
+
+# ---- properties ------------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    batch=st.integers(1, 5),
+    heads_kv=st.sampled_from([1, 2, 3]),
+    group=st.sampled_from([1, 2, 4]),
+    head_dim=st.integers(1, 40),
+    page_size=st.integers(1, 17),
+    causal=st.booleans(),
+)
+def test_paged_varlen_property(data, batch, heads_kv, group, head_dim, page_size, causal):
+    # Random query and key lengths (0 included), a paged cache with pages in random order and
+    # spare pages, every layout equal to the per-sequence float64 reference.
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    lq = np.array(data.draw(st.lists(st.integers(0, 20), min_size=batch, max_size=batch)))
+    used = np.array(data.draw(st.lists(st.integers(0, 40), min_size=batch, max_size=batch)), dtype=np.int32)
+    max_pages = max(1, -(-int(used.max()) // page_size))
+    heads = heads_kv * group
+    cache_k = rng.standard_normal((batch, max_pages * page_size, heads_kv, head_dim))
+    cache_v = rng.standard_normal((batch, max_pages * page_size, heads_kv, head_dim))
+    k_pages, table = paged_from_contiguous(rng, cache_k, page_size)
+    v_pages = rng.standard_normal(k_pages.shape)
+    for b in range(batch):
+        for i in range(max_pages):
+            v_pages[table[b, i]] = cache_v[b, i * page_size:(i + 1) * page_size]
+    cu_q = cu_seqlens(lq)
+    q = rng.standard_normal((int(cu_q[-1]), heads, head_dim))
+    out = np.full_like(q, np.nan)
+    _, lse = waveboost.attention_varlen(q, k_pages, v_pages, cu_q, None, block_table=table, seqused_k=used,
+                                        causal=causal, out=out, return_lse=True, validate=True)
+    cap = max_pages * page_size
+    ref, ref_lse = attention_varlen_ref(q, cache_k.reshape(-1, heads_kv, head_dim),
+                                        cache_v.reshape(-1, heads_kv, head_dim), cu_q,
+                                        np.arange(batch + 1) * cap, causal=causal, seqused_k=used)
+    _check(out, lse, ref, ref_lse, np.float64, int(cu_q[-1]))
+    # The same keys packed (varlen k) give the same result.
+    cu_k = cu_seqlens(used)
+    packed_k = np.concatenate([cache_k[b, :used[b]] for b in range(batch)]) if cu_k[-1] else cache_k[0, :0]
+    packed_v = np.concatenate([cache_v[b, :used[b]] for b in range(batch)]) if cu_k[-1] else cache_v[0, :0]
+    packed = waveboost.attention_varlen(q, packed_k, packed_v, cu_q, cu_k, causal=causal)
+    np.testing.assert_allclose(packed, out, rtol=1e-12, atol=1e-12)
