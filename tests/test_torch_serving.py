@@ -56,8 +56,7 @@ def test_opcheck_varlen():
     assert result == dict.fromkeys(OPCHECK_UTILS, "SUCCESS")
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-@pytest.mark.parametrize("page_size", [None, 8], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("backend,page_size", [("aot_eager", None), ("aot_eager", 8), ("inductor", 8)])
 def test_compile_fullgraph_decode_step_updates_the_cache(backend, page_size):
     torch._dynamo.reset()
     q, kc, vc, lengths, table, kn, vn = _decode_inputs(page_size=page_size)
