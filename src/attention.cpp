@@ -24,8 +24,7 @@ bool is_cuda_backend(Backend b) {
 // The backends that read the sequence-layout fields (varlen, seqused, paged); every other one
 // refuses params that set them.
 bool handles_sequence_layout(Backend b) {
-  (void)b;
-  return false;
+  return b == Backend::kCPU || b == Backend::kDecode;
 }
 
 Status check_nonnegative(int64_t value, const char* name) {
@@ -230,6 +229,14 @@ bool fits_one_wave(const AttentionParams& p) {
 
 Backend select_backend(const AttentionParams& p) {
   if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
+  // Sequence layouts (varlen, seqused, paged) run on decode alone among the CUDA paths; where it
+  // cannot, its can_implement says why. Dense calls with few query rows per kv head (decode,
+  // speculative verify) go there too: it packs the rows of a kv head's query heads into one
+  // tile and reads each K/V byte once per kv head, where the flash paths give every query head
+  // a 128-row tile of its own and read the keys once per query head.
+  if (!p.is_dense()) return Backend::kDecode;
+  if (p.heads_kv > 0 && p.seqlen_q * (p.heads / p.heads_kv) <= 64 && can_implement(p, Backend::kDecode).ok())
+    return Backend::kDecode;
   // On CUDA at the specialized head dims: mma (tensor cores; fp32 through 3xTF32) is
   // 1.02-1.15x SDPA's FlashAttention-2 in fp16/bf16 and 1.5-2x SDPA's efficient kernel in
   // fp32 on an H100 (benchmarks/NOTES.md), but needs sm_80+ and aligned data. What it

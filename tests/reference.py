@@ -282,3 +282,71 @@ def attention_backward_ref(dout, q, k, v, causal=False, softmax_scale=None, dlse
     dk = dk_full.reshape(b, lk, hkv, group, d).sum(axis=3).astype(dtype)
     dv = dv_full.reshape(b, lk, hkv, group, d).sum(axis=3).astype(dtype)
     return dq, dk, dv
+# ---------------------------------------------------------------------------
+# Serving layouts: packed variable-length batches, paged KV caches, merged partial states.
+# ---------------------------------------------------------------------------
+
+
+def cu_seqlens(lengths) -> np.ndarray:
+    """int32 (batch + 1,) offsets of packed sequences of the given lengths."""
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+def attention_varlen_ref(q, k, v, cu_q, cu_k, causal=False, softmax_scale=None, seqused_k=None):
+    """float64 attention per packed sequence: q (total_q, H, D), k/v (total_k, Hkv, D).
+
+    Sequence b attends with its queries q[cu_q[b]:cu_q[b+1]] to its keys
+    k[cu_k[b]:cu_k[b]+n] where n = seqused_k[b] if given, else cu_k[b+1]-cu_k[b];
+    causal is bottom-right per sequence. Returns out (total_q, H, D) and lse (H, total_q),
+    NaN on rows past cu_q[-1].
+    """
+    total_q, heads, head_dim = q.shape
+    out = np.full((total_q, heads, head_dim), np.nan)
+    lse = np.full((heads, total_q), np.nan)
+    for b in range(len(cu_q) - 1):
+        q0, q1 = int(cu_q[b]), int(cu_q[b + 1])
+        k0 = int(cu_k[b])
+        k1 = k0 + int(seqused_k[b]) if seqused_k is not None else int(cu_k[b + 1])
+        o, l = attention_ref(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal,
+                             softmax_scale=softmax_scale)
+        out[q0:q1] = o[0]
+        lse[:, q0:q1] = l[0]
+    return out, lse
+
+
+def paged_from_contiguous(rng, cache, page_size, spare_pages=3):
+    """A paged copy of a contiguous cache (batch, max_len, Hkv, D), max_len a multiple of page_size.
+
+    Pages are shuffled over a pool with `spare_pages` extra pages filled with random values, so
+    a kernel reading the wrong page gets wrong numbers. Returns (pages, block_table int32).
+    """
+    batch, max_len, heads_kv, head_dim = cache.shape
+    assert max_len % page_size == 0
+    per_seq = max_len // page_size
+    num_pages = batch * per_seq + spare_pages
+    pages = rng.standard_normal((num_pages, page_size, heads_kv, head_dim)).astype(cache.dtype)
+    ids = rng.permutation(num_pages)[: batch * per_seq].reshape(batch, per_seq).astype(np.int32)
+    for b in range(batch):
+        for i in range(per_seq):
+            pages[ids[b, i]] = cache[b, i * page_size:(i + 1) * page_size]
+    return pages, ids
+
+
+def merge_states_ref(outs, lses):
+    """float64 merge of partial attention states: outs (P, B, L, H, D), lses (P, B, H, L).
+
+    Parts with LSE -inf contribute nothing; rows where every part is -inf give zeros, -inf.
+    Returns (out (B, L, H, D), lse (B, H, L)).
+    """
+    outs = np.asarray(outs, dtype=np.float64)
+    lses = np.asarray(lses, dtype=np.float64)
+    m = np.max(lses, axis=0)
+    empty = m == -np.inf
+    m_safe = np.where(empty, 0.0, m)
+    w = np.exp(lses - m_safe[None])  # (P, B, H, L); 0 for -inf parts
+    total = np.sum(w, axis=0)
+    w_bl = np.transpose(w, (0, 1, 3, 2))[..., None]  # (P, B, L, H, 1)
+    safe_outs = np.where(w_bl > 0, outs, 0.0)  # a part with weight 0 may hold anything
+    out = np.sum(w_bl * safe_outs, axis=0) / np.where(empty, 1.0, total).transpose(0, 2, 1)[..., None]
+    lse = np.where(empty, -np.inf, m_safe + np.log(np.where(empty, 1.0, total)))
+    return out, lse

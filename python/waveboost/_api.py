@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from . import _waveboost
 
-BACKENDS = ("auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma")
+BACKENDS = ("auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma", "decode")
 
 
 class _Adapter(NamedTuple):
@@ -172,7 +172,8 @@ def attention(
         out: optional preallocated output (same framework, device, dtype and shape as ``q``).
         return_lse: also return the float32 (batch, heads, seqlen_q) natural-log logsumexp of
             the scaled scores.
-        backend: "auto", "cpu", "naive", "simt", "wmma", "mma" or "wgmma" (see the README's backends table).
+        backend: "auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma" or "decode" (see the README's
+            backends table).
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse`` is true; arrays of ``q``'s framework.
@@ -367,3 +368,460 @@ def info() -> dict:
         "gpu": gpus[0] if gpus else None,
         "backends": backends,
     }
+
+
+# ---------------------------------------------------------------------------
+# Serving: variable-length batches, KV caches (contiguous or paged), merging partial results.
+# ---------------------------------------------------------------------------
+
+def _check_backend_name(backend: Any) -> str:
+    # The compiled module knows the full list (it includes "decode"); it raises ValueError naming it.
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str such as 'auto' or 'cpu'; got {type(backend).__name__}")
+    return backend
+
+
+def _check_scale(softmax_scale: Any) -> Optional[float]:
+    if softmax_scale is None:
+        return None
+    if isinstance(softmax_scale, (bool, str, bytes)) or not hasattr(softmax_scale, "__float__"):
+        raise TypeError(f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}")
+    softmax_scale = float(softmax_scale)
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    return softmax_scale
+
+
+def _one_framework(adapter: _Adapter, first: str, named: tuple) -> None:
+    for name, t in named:
+        if t is None:
+            continue
+        other = _adapter_for(t, name)
+        if other.name != adapter.name:
+            raise TypeError(f"{name} is a {other.name} array but {first} is a {adapter.name} array; use one framework")
+
+
+def _to_host(x: Any):
+    """A NumPy copy of an array of any supported framework (a device-to-host copy: synchronizes)."""
+    import numpy as np
+
+    module = type(x).__module__.split(".")[0]
+    if module == "torch":
+        return x.detach().cpu().numpy()
+    if module == "cupy":
+        return x.get()
+    return np.asarray(x)
+
+
+def _empty_int32(adapter: _Adapter, like: Any, shape: tuple) -> Any:
+    if adapter.name == "numpy":
+        import numpy as np
+
+        return np.empty(shape, dtype=np.int32)
+    if adapter.name == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=torch.int32, device=like.device)
+    if adapter.name == "cupy":
+        import cupy
+
+        with like.device:
+            return cupy.empty(shape, dtype=cupy.int32)
+    import jax.numpy as jnp
+
+    return jnp.zeros(shape, dtype=jnp.int32, device=like.device)
+
+
+def _stack(adapter: _Adapter, arrays: Any, arg: str) -> Any:
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError(f"{arg} must hold at least one part; got an empty sequence")
+    for i, a in enumerate(arrays):
+        other = _adapter_for(a, f"{arg}[{i}]")
+        if other.name != adapter.name:
+            raise TypeError(f"{arg}[{i}] is a {other.name} array but {arg}[0] is a {adapter.name} array")
+    if adapter.name == "numpy":
+        import numpy as np
+
+        return np.stack(arrays)
+    if adapter.name == "torch":
+        import torch
+
+        return torch.stack(arrays)
+    if adapter.name == "cupy":
+        import cupy
+
+        return cupy.stack(arrays)
+    import jax.numpy as jnp
+
+    return jnp.stack(arrays)
+
+
+def _check_writeable(x: Any, arg: str) -> None:
+    if getattr(getattr(x, "flags", None), "writeable", True) is False:
+        raise ValueError(f"{arg} must be writeable; got a read-only array")
+    if type(x).__module__.split(".")[0] == "torch" and x.is_neg():
+        raise ValueError(f"{arg} must be a plain tensor; got a lazily negated view (torch._neg_view)")
+
+
+def _check_jax_eager(arrays: tuple, what: str) -> None:
+    import jax
+
+    if any(isinstance(x, jax.core.Tracer) for x in arrays if x is not None):
+        raise TypeError(
+            f"{what} takes concrete JAX arrays only (it runs eagerly through DLPack); call it outside "
+            "jax.jit / vmap"
+        )
+
+
+def _check_index(x: Any, arg: str, shape: tuple, layout: str) -> None:
+    dtype = str(getattr(x, "dtype", type(x).__name__)).rsplit(".", 1)[-1]
+    if dtype != "int32":
+        raise TypeError(f"{arg} must have dtype int32; got {dtype}")
+    got = tuple(getattr(x, "shape", ()))
+    if got != shape:
+        raise ValueError(f"{arg} must have shape {layout} = {shape}; got {got}")
+
+
+def _max_length(cu_seqlens: Any) -> int:
+    import numpy as np
+
+    cu = _to_host(cu_seqlens).astype(np.int64).reshape(-1)
+    return int(np.max(np.diff(cu))) if cu.size > 1 else 0
+
+
+def _validate_cu_seqlens(cu_seqlens: Any, arg: str, total: int, max_seqlen: Optional[int]) -> Any:
+    import numpy as np
+
+    cu = _to_host(cu_seqlens).astype(np.int64).reshape(-1)
+    if cu.size == 0 or cu[0] != 0:
+        raise ValueError(f"{arg} must start at 0; got {cu[:1].tolist()}")
+    lengths = np.diff(cu)
+    if np.any(lengths < 0):
+        b = int(np.argmax(lengths < 0))
+        raise ValueError(f"{arg} must be non-decreasing; got {arg}[{b}] = {cu[b]} > {arg}[{b + 1}] = {cu[b + 1]}")
+    if cu[-1] > total:
+        raise ValueError(f"{arg}[-1] = {cu[-1]} exceeds the {total} packed rows of its tensor")
+    if max_seqlen is not None and lengths.size and lengths.max() > max_seqlen:
+        raise ValueError(f"a sequence of {arg} has {lengths.max()} rows, more than max_seqlen {max_seqlen}")
+    return lengths
+
+
+def _validate_pages(block_table: Any, lengths: Any, page_size: int, num_pages: int, arg: str = "block_table") -> None:
+    import numpy as np
+
+    table = _to_host(block_table).astype(np.int64)
+    for b, length in enumerate(np.asarray(lengths).tolist()):
+        used = table[b, : -(-int(length) // page_size)]
+        bad = (used < 0) | (used >= num_pages)
+        if np.any(bad):
+            j = int(np.argmax(bad))
+            raise ValueError(f"{arg}[{b}, {j}] = {used[j]} is not a page id in [0, {num_pages})")
+
+
+def _validate_used(lengths: Any, capacity: Any, arg: str, capacity_name: str) -> None:
+    import numpy as np
+
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    capacity = np.broadcast_to(np.asarray(capacity, dtype=np.int64), lengths.shape)
+    bad = (lengths < 0) | (lengths > capacity)
+    if np.any(bad):
+        b = int(np.argmax(bad))
+        raise ValueError(f"{arg}[{b}] = {lengths[b]} is outside [0, {capacity[b]}] ({capacity_name})")
+
+
+def attention_varlen(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    *,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    block_table: Any = None,
+    seqused_k: Any = None,
+    out: Any = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+    validate: bool = False,
+) -> Any:
+    """Attention over a batch of variable-length sequences packed along one axis.
+
+    The semantics of flash-attn's ``flash_attn_varlen_func``: sequence ``b`` owns query rows
+    ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` and key rows ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``;
+    the causal mask is aligned bottom-right per sequence; a query that sees no key (an empty key
+    sequence, or causal with more queries than keys) outputs zeros and LSE ``-inf``.
+
+    Args:
+        q: (total_q, heads, head_dim), unit last stride.
+        k, v: (total_k, heads_kv, head_dim); or, with ``block_table``, a paged cache
+            (num_pages, page_size, heads_kv, head_dim) where key ``j`` of sequence ``b`` is row
+            ``j % page_size`` of page ``block_table[b, j // page_size]``.
+        cu_seqlens_q: int32 (batch + 1,), non-decreasing, starting at 0.
+        cu_seqlens_k: int32 (batch + 1,). With ``block_table`` it may be None (the lengths then come
+            from ``seqused_k``, or are every page of the table row); if given there and
+            ``seqused_k`` is not, its differences are used as ``seqused_k`` (computed on the device).
+        max_seqlen_q, max_seqlen_k: upper bounds on the sequence lengths (they size the launch).
+            **When omitted they are read from cu_seqlens on the host**: a device-to-host copy that
+            synchronizes with the device (and cannot be captured in a CUDA graph); pass them to
+            avoid it. ``max_seqlen_k`` is not needed with ``block_table``.
+        causal: bottom-right aligned per sequence: query ``i`` of a sequence with ``Lq`` queries and
+            ``Lk`` keys sees keys ``j <= i + Lk - Lq``.
+        softmax_scale: multiplies ``q @ k^T``; defaults to ``1 / sqrt(head_dim)``.
+        block_table: int32 (batch, max_pages): page ids of each sequence (paged K/V).
+        seqused_k: int32 (batch,): keys each sequence actually uses (a cache's fill); takes
+            precedence over cu_seqlens_k's lengths.
+        out: optional preallocated output, q's shape, dtype and device. Rows of ``q`` past
+            ``cu_seqlens_q[-1]`` are not written.
+        return_lse: also return the float32 (heads, total_q) natural-log logsumexp.
+        backend: "auto" or a backend whose ``can_implement`` accepts sequence layouts
+            ("cpu"; CUDA backends as they gain it); an unsupported one raises ValueError saying why.
+        validate: copy the index arrays to the host (synchronizes) and check them first:
+            cu_seqlens start at 0, are non-decreasing and stay within the packed rows; lengths fit
+            max_seqlen_*; seqused_k within each sequence's capacity; page ids in range. Raises
+            ValueError. Without it, only shapes, dtypes and devices are checked: no device memory is
+            read on the host (the CPU backend always checks the indices it reads).
+
+    Returns:
+        ``out`` or ``(out, lse)``, arrays of ``q``'s framework.
+
+    Differences from flash-attn: no dropout, window, softcap or ALiBi; ``out`` may be passed; the
+    kernels never read ``max_seqlen_*`` beyond sizing, so too small a bound is an error caught only by
+    ``validate=True`` (or the CPU backend).
+    """
+    backend = _check_backend_name(backend)
+    softmax_scale = _check_scale(softmax_scale)
+    adapter = _adapter_for(q, "q")
+    _one_framework(adapter, "q", (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                                  ("block_table", block_table), ("seqused_k", seqused_k), ("out", out)))
+    if adapter.name == "jax":
+        _check_jax_eager((q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, out), "attention_varlen")
+    if cu_seqlens_q is None:
+        raise ValueError("cu_seqlens_q is required: int32 (batch + 1,) offsets of each sequence's queries in q")
+    if cu_seqlens_k is None and block_table is None:
+        raise ValueError("cu_seqlens_k is required without block_table: int32 (batch + 1,) offsets of each "
+                         "sequence's keys in k")
+    shape = tuple(getattr(q, "shape", ()))
+    if len(shape) != 3:
+        raise ValueError(f"q must be a 3-D tensor (total_q, heads, head_dim); got shape {shape}")
+    if block_table is not None and cu_seqlens_k is not None:
+        if seqused_k is None:
+            seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+        cu_seqlens_k = None
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if value is not None and (isinstance(value, bool) or not hasattr(value, "__index__")):
+            raise TypeError(f"{name} must be an int or None; got {type(value).__name__}")
+    if validate:
+        _validate_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", shape[0], max_seqlen_q)
+        k_shape = tuple(getattr(k, "shape", ()))
+        batch = len(_to_host(cu_seqlens_q).reshape(-1)) - 1
+        if cu_seqlens_k is not None:
+            capacity = _validate_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k_shape[0] if k_shape else 0, max_seqlen_k)
+            capacity_name = "its cu_seqlens_k length"
+        elif block_table is not None and len(k_shape) == 4:
+            capacity = tuple(getattr(block_table, "shape", (0, 0)))[-1] * k_shape[1]
+            capacity_name = "max_pages * page_size"
+        else:
+            capacity = None
+        used = _to_host(seqused_k).reshape(-1) if seqused_k is not None else None
+        if used is not None and capacity is not None:
+            _validate_used(used, capacity, "seqused_k", capacity_name)
+        if block_table is not None and len(k_shape) == 4 and k_shape[1] > 0:
+            lengths = used if used is not None else [capacity] * batch
+            _validate_pages(block_table, lengths, k_shape[1], k_shape[0])
+    if max_seqlen_q is None:
+        max_seqlen_q = _max_length(cu_seqlens_q)
+    if max_seqlen_k is None and cu_seqlens_k is not None:
+        max_seqlen_k = _max_length(cu_seqlens_k)
+    if out is not None:
+        _check_writeable(out, "out")
+    else:
+        out = adapter.empty(q, shape, "like")
+    lse = adapter.empty(q, (shape[1], shape[0]), "float32") if return_lse else None
+    stream = adapter.stream(q)
+    prep = adapter.prepare
+
+    def opt(x, name):
+        return None if x is None else prep(x, name)
+
+    _waveboost.forward_sequences(
+        prep(q, "q"), prep(k, "k"), prep(v, "v"), prep(out, "out"), opt(lse, "lse"), prep(cu_seqlens_q, "cu_seqlens_q"),
+        opt(cu_seqlens_k, "cu_seqlens_k"), opt(seqused_k, "seqused_k"), opt(block_table, "block_table"),
+        None if max_seqlen_q is None else int(max_seqlen_q), None if max_seqlen_k is None else int(max_seqlen_k),
+        bool(causal), softmax_scale, backend, stream,
+    )
+    adapter.finish(out, stream)
+    return (out, lse) if return_lse else out
+
+
+def attention_with_kvcache(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    cache_seqlens: Any,
+    *,
+    block_table: Any = None,
+    k_new: Any = None,
+    v_new: Any = None,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    out: Any = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+    validate: bool = False,
+) -> Any:
+    """Attention of a few new queries per sequence against a KV cache (decode, speculative
+    verify, chunked prefill), optionally appending new keys/values to the cache first.
+
+    Args:
+        q: (batch, seqlen_q, heads, head_dim).
+        k_cache, v_cache: a contiguous cache (batch, max_len, heads_kv, head_dim), or with
+            ``block_table`` a paged one (num_pages, page_size, heads_kv, head_dim).
+        cache_seqlens: int32 (batch,): keys already in each sequence's cache.
+        block_table: int32 (batch, max_pages): page ids of each sequence.
+        k_new, v_new: optional (batch, seqlen_new, heads_kv, head_dim). Written into the cache at
+            positions ``cache_seqlens[b] + i`` before attending (in place for NumPy, PyTorch and
+            CuPy); the attention then uses ``cache_seqlens + seqlen_new`` keys per sequence, a length
+            computed on the device. ``cache_seqlens`` itself is not changed: advance it yourself.
+        causal: bottom-right aligned per sequence: query ``i`` sees keys
+            ``j <= i + seqlen_k_b - seqlen_q``, where ``seqlen_k_b`` counts the appended keys.
+        softmax_scale: defaults to ``1 / sqrt(head_dim)``.
+        out: optional preallocated output (q's shape, dtype, device).
+        return_lse: also return the float32 (batch, heads, seqlen_q) logsumexp.
+        backend: "auto" or a backend that accepts sequence layouts ("cpu"; CUDA backends as they gain it).
+        validate: copy cache_seqlens (and block_table) to the host (synchronizes) and check that
+            ``cache_seqlens + seqlen_new`` fits the capacity and that the pages in use are in
+            range; ValueError otherwise. Without it nothing is read on the host, so a decode step
+            can be captured in a CUDA graph.
+
+    Returns:
+        ``out`` or ``(out, lse)``. JAX arrays are immutable: with ``k_new`` a JAX call returns
+        ``(out, k_cache, v_cache)`` or ``(out, lse, k_cache, v_cache)`` with the updated caches.
+        JAX arrays go through ``waveboost.jax.attention_with_kvcache`` (an XLA custom call, usable
+        under ``jit``; with the caches donated XLA updates them in place) when this build has the
+        XLA FFI handlers. Otherwise (or with ``out=`` or ``validate=True``) they take an eager
+        DLPack route that copies each cache before appending.
+    """
+    backend = _check_backend_name(backend)
+    softmax_scale = _check_scale(softmax_scale)
+    adapter = _adapter_for(q, "q")
+    _one_framework(adapter, "q", (("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
+                                  ("block_table", block_table), ("k_new", k_new), ("v_new", v_new), ("out", out)))
+    if (k_new is None) != (v_new is None):
+        raise ValueError("k_new and v_new go together: give both or neither")
+    shape = _check_shape(q, "q")
+    appending = k_new is not None
+    if appending:
+        new_shape = tuple(getattr(k_new, "shape", ()))
+        if len(new_shape) != 4:
+            raise ValueError(f"k_new must be a 4-D tensor (batch, seqlen_new, heads_kv, head_dim); got shape {new_shape}")
+        if new_shape[0] != shape[0]:
+            raise ValueError(f"k_new has batch {new_shape[0]} but q has {shape[0]}; they must match")
+    # Named here: the compiled call sees cache_seqlens as the forward's seqused_k.
+    _check_index(cache_seqlens, "cache_seqlens", (shape[0],), "(batch,)")
+    is_jax = adapter.name == "jax"
+    if is_jax:
+        from . import jax as waveboost_jax
+
+        if out is None and not validate and waveboost_jax.kvcache_ffi_available():
+            # XLA's route: works under jit, the cache results alias the cache operands.
+            return waveboost_jax.attention_with_kvcache(
+                q, k_cache, v_cache, cache_seqlens, block_table=block_table, k_new=k_new, v_new=v_new,
+                causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, backend=backend)
+        _check_jax_eager((q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, out),
+                         "attention_with_kvcache")
+    if validate:
+        cache_shape = tuple(getattr(k_cache, "shape", ()))
+        seqlen_new = new_shape[1] if appending else 0
+        lengths = _to_host(cache_seqlens).astype("int64").reshape(-1) + seqlen_new
+        if len(cache_shape) == 4:
+            if block_table is not None:
+                capacity = tuple(getattr(block_table, "shape", (0, 0)))[-1] * cache_shape[1]
+                name = "max_pages * page_size"
+            else:
+                capacity, name = cache_shape[1], "the cache's max_len"
+            _validate_used(lengths, capacity, "cache_seqlens + seqlen_new" if appending else "cache_seqlens", name)
+            if block_table is not None and cache_shape[1] > 0:
+                _validate_pages(block_table, lengths, cache_shape[1], cache_shape[0])
+    if out is not None:
+        _check_writeable(out, "out")
+    else:
+        out = adapter.empty(q, shape, "like")
+    lse = adapter.empty(q, (shape[0], shape[2], shape[1]), "float32") if return_lse else None
+    stream = adapter.stream(q)
+    prep = adapter.prepare
+    seqused = cache_seqlens
+    if appending:
+        if is_jax:
+            import jax.numpy as jnp
+
+            k_cache, v_cache = jnp.array(k_cache, copy=True), jnp.array(v_cache, copy=True)
+        else:
+            _check_writeable(k_cache, "k_cache")
+            _check_writeable(v_cache, "v_cache")
+        seqused = _empty_int32(adapter, q, (shape[0],))
+        _waveboost.kv_cache_append(
+            prep(k_cache, "k_cache"), prep(v_cache, "v_cache"), prep(k_new, "k_new"), prep(v_new, "v_new"),
+            prep(cache_seqlens, "cache_seqlens"), prep(seqused, "seqused"),
+            None if block_table is None else prep(block_table, "block_table"), stream,
+        )
+    _waveboost.forward_sequences(
+        prep(q, "q"), prep(k_cache, "k_cache"), prep(v_cache, "v_cache"), prep(out, "out"),
+        None if lse is None else prep(lse, "lse"), None, None, prep(seqused, "cache_seqlens"),
+        None if block_table is None else prep(block_table, "block_table"), None, None, bool(causal), softmax_scale,
+        backend, stream,
+    )
+    adapter.finish(out, stream)
+    result = (out, lse) if return_lse else (out,)
+    if is_jax and appending:
+        return result + (k_cache, v_cache)
+    return result if return_lse else out
+
+
+def merge_attention_states(outs: Any, lses: Any, *, out: Any = None, return_lse: bool = True) -> Any:
+    """Merges attention computed over disjoint key sets into attention over their union, exactly:
+    ``lse = log(sum_i exp(lse_i))`` and ``out = sum_i exp(lse_i - lse) * out_i``.
+
+    A part whose ``lse_i`` is ``-inf`` (it saw no key) contributes nothing; a row where every part is
+    ``-inf`` comes out as zeros with ``lse = -inf``.
+
+    Args:
+        outs: (num_parts, batch, seqlen, heads, head_dim), or a sequence of num_parts
+            (batch, seqlen, heads, head_dim) arrays (stacked first: one copy).
+        lses: float32 (num_parts, batch, heads, seqlen), or a sequence of (batch, heads, seqlen).
+        out: optional (batch, seqlen, heads, head_dim) output; its dtype may differ from outs'
+            (e.g. float32 partials merged into bfloat16). Defaults to outs' dtype.
+        return_lse: also return the merged float32 (batch, heads, seqlen) logsumexp.
+
+    Returns:
+        ``(out, lse)`` (the default) or ``out``.
+    """
+    if isinstance(outs, (list, tuple)) and not outs:
+        raise ValueError("outs must hold at least one part; got an empty sequence")
+    first = outs[0] if isinstance(outs, (list, tuple)) else outs
+    adapter = _adapter_for(first, "outs")
+    if isinstance(outs, (list, tuple)):
+        outs = _stack(adapter, outs, "outs")
+    if isinstance(lses, (list, tuple)):
+        lses = _stack(adapter, lses, "lses")
+    _one_framework(adapter, "outs", (("lses", lses), ("out", out)))
+    if adapter.name == "jax":
+        _check_jax_eager((outs, lses, out), "merge_attention_states")
+    shape = tuple(getattr(outs, "shape", ()))
+    if len(shape) != 5:
+        raise ValueError(f"outs must be (num_parts, batch, seqlen, heads, head_dim) or a sequence of "
+                         f"(batch, seqlen, heads, head_dim) arrays; got shape {shape}")
+    if out is not None:
+        _check_writeable(out, "out")
+    else:
+        out = adapter.empty(outs, shape[1:], "like")
+    lse = adapter.empty(outs, (shape[1], shape[3], shape[2]), "float32") if return_lse else None
+    stream = adapter.stream(outs)
+    prep = adapter.prepare
+    _waveboost.merge_attention_states(prep(outs, "outs"), prep(lses, "lses"), prep(out, "out"),
+                                      None if lse is None else prep(lse, "lse"), stream)
+    adapter.finish(out, stream)
+    return (out, lse) if return_lse else out

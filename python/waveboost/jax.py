@@ -30,8 +30,9 @@ import numpy as np
 from . import _waveboost
 from ._api import BACKENDS
 
-__all__ = ["BACKWARD_TARGET_NAME", "TARGET_NAME", "attention", "attention_backward", "ffi_available",
-           "ring_attention", "shard_sequence", "unshard_sequence"]
+__all__ = ["BACKWARD_TARGET_NAME", "KVCACHE_TARGET_NAME", "TARGET_NAME", "attention", "attention_backward",
+           "attention_with_kvcache", "ffi_available", "kvcache_ffi_available", "ring_attention", "shard_sequence",
+           "unshard_sequence"]
 
 #: The XLA custom-call target the handlers are registered under, for both platforms.
 TARGET_NAME = "waveboost_attention"
@@ -275,6 +276,130 @@ def attention_backward(
     return _attention_backward_call(dout, q, k, v, out, lse, dlse if has_dlse else lse, causal=bool(causal),
                                     softmax_scale=softmax_scale, has_dlse=has_dlse,
                                     deterministic=bool(deterministic), backend=backend)
+
+
+
+# ---------------------------------------------------------------------------
+# Serving: attention against a KV cache, with the cache update returned (and done in place under
+# jit when the caches are donated).
+# ---------------------------------------------------------------------------
+
+#: The custom-call target of the KV-cache handlers.
+KVCACHE_TARGET_NAME = "waveboost_attention_with_kvcache"
+_KVCACHE_SYMBOLS = {"cpu": "waveboost_jax_kvcache_cpu", "CUDA": "waveboost_jax_kvcache_cuda"}
+
+
+@functools.cache
+def _kvcache_platforms() -> tuple[str, ...]:
+    library = ctypes.CDLL(_waveboost.__file__)
+    platforms = []
+    for platform, symbol in _KVCACHE_SYMBOLS.items():
+        handler = getattr(library, symbol, None)
+        if handler is not None:
+            jax.ffi.register_ffi_target(KVCACHE_TARGET_NAME, jax.ffi.pycapsule(handler), platform=platform)
+            platforms.append(platform)
+    return tuple(platforms)
+
+
+def kvcache_ffi_available() -> bool:
+    """Whether this build carries the XLA FFI handlers of ``attention_with_kvcache``."""
+    return "cpu" in _kvcache_platforms()
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "softmax_scale", "backend", "paged", "append"))
+def _kvcache_call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, *, causal, softmax_scale, backend,
+                  paged, append):
+    batch, seqlen_q, heads, _ = q.shape
+    call = jax.ffi.ffi_call(
+        KVCACHE_TARGET_NAME,
+        (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seqlen_q), jnp.float32),
+         jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype), jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype),
+         jax.ShapeDtypeStruct((batch,), jnp.int32)),
+        input_output_aliases={1: 2, 2: 3},  # the caches are updated in their own buffers
+    )
+    return call(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal=np.bool_(causal),
+                softmax_scale=np.float64(softmax_scale), backend=backend, paged=np.bool_(paged),
+                append=np.bool_(append))
+
+
+def attention_with_kvcache(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    cache_seqlens: Any,
+    *,
+    block_table: Any = None,
+    k_new: Any = None,
+    v_new: Any = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+) -> Any:
+    """``waveboost.attention_with_kvcache`` for JAX, as an XLA custom call (usable under ``jit``).
+
+    Same arguments and conventions as ``waveboost.attention_with_kvcache`` less ``out=`` and
+    ``validate=``. With ``k_new``/``v_new`` the result is ``(out, k_cache, v_cache)`` (or
+    ``(out, lse, k_cache, v_cache)``): the caches with the new rows written at each sequence's end.
+    The custom call's cache results alias its cache operands, so inside a ``jax.jit`` whose caches
+    are donated (``donate_argnums``) XLA writes the new rows into the existing buffers; without
+    donation XLA first copies each cache. Nothing is read on the host. ``causal``,
+    ``softmax_scale`` and ``backend`` are static. Not batched by ``vmap``.
+    """
+    if not _kvcache_platforms():
+        _require_ffi(())
+    if "CUDA" not in _kvcache_platforms():
+        _require_ffi((q, k_cache, v_cache))
+    if (k_new is None) != (v_new is None):
+        raise ValueError("k_new and v_new go together: give both or neither")
+    qs, cs = jnp.shape(q), jnp.shape(k_cache)
+    if len(qs) != 4:
+        raise ValueError(f"q must be a 4-D array (batch, seqlen_q, heads, head_dim); got shape {qs}")
+    if len(cs) != 4 or jnp.shape(v_cache) != cs:
+        raise ValueError(f"k_cache and v_cache must be 4-D arrays of one shape; got {cs} and {jnp.shape(v_cache)}")
+    dtype = jnp.result_type(q)
+    if dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"q must have dtype float16, bfloat16, float32 or float64; got {dtype}")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new), ("v_new", v_new)):
+        if x is not None and jnp.result_type(x) != dtype:
+            raise TypeError(f"{name} has dtype {jnp.result_type(x)} but q has {dtype}; they must share one dtype")
+    for name, x in (("cache_seqlens", cache_seqlens), ("block_table", block_table)):
+        if x is not None and jnp.result_type(x) != jnp.int32:
+            raise TypeError(f"{name} must have dtype int32; got {jnp.result_type(x)}")
+    if jnp.shape(cache_seqlens) != (qs[0],):
+        raise ValueError(f"cache_seqlens must have shape (batch,) = ({qs[0]},); got {jnp.shape(cache_seqlens)}")
+    paged = block_table is not None
+    if paged and (jnp.ndim(block_table) != 2 or jnp.shape(block_table)[0] != qs[0]):
+        raise ValueError(f"block_table must have shape (batch, max_pages) with batch {qs[0]}; "
+                         f"got {jnp.shape(block_table)}")
+    if not paged and cs[0] != qs[0]:
+        raise ValueError(f"k_cache has batch {cs[0]} but q has {qs[0]}")
+    if paged and cs[1] < 1:
+        raise ValueError(f"page_size must be >= 1; k_cache has shape {cs}")
+    if cs[3] != qs[3] or cs[2] == 0 or qs[2] % cs[2] != 0:
+        raise ValueError(f"k_cache {cs} must have q's head_dim and a heads_kv dividing q's heads; q is {qs}")
+    append = k_new is not None
+    if append:
+        ns = jnp.shape(k_new)
+        if len(ns) != 4 or jnp.shape(v_new) != ns or ns[0] != qs[0] or ns[2:] != cs[2:]:
+            raise ValueError(f"k_new and v_new must be (batch, seqlen_new, heads_kv, head_dim) = ({qs[0]}, *, "
+                             f"{cs[2]}, {cs[3]}); got {ns} and {jnp.shape(v_new)}")
+    else:
+        k_new = v_new = jnp.zeros((qs[0], 0, cs[2], cs[3]), dtype)
+    if not paged:
+        block_table = jnp.zeros((qs[0], 0), jnp.int32)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(qs[3])
+    softmax_scale = float(softmax_scale)
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    out, lse, k_cache, v_cache, _ = _kvcache_call(
+        q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal=bool(causal),
+        softmax_scale=softmax_scale, backend=backend, paged=paged, append=append)
+    result = (out, lse) if return_lse else (out,)
+    if append:
+        return result + (k_cache, v_cache)
+    return result if return_lse else out
 
 
 # Context parallelism inside jax.shard_map (python/waveboost/_jax_ring.py).

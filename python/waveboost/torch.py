@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from . import _api
 
-__all__ = ["MultiheadAttention", "attention"]
+__all__ = ["MultiheadAttention", "attention", "attention_varlen", "attention_with_kvcache"]
 
 
 @torch.library.custom_op(
@@ -193,3 +193,113 @@ class MultiheadAttention(nn.Module):
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
                 f"causal={self.causal}, backend={self.backend!r}")
+
+
+# ---------------------------------------------------------------------------
+# Serving: variable-length batches and KV-cache attention as custom ops.
+# ---------------------------------------------------------------------------
+
+@torch.library.custom_op(
+    "waveboost::attention_varlen",
+    mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor? cu_seqlens_k, int? max_seqlen_q, "
+    "int? max_seqlen_k, bool causal, float? softmax_scale, Tensor? block_table, Tensor? seqused_k, str backend) "
+    "-> (Tensor, Tensor)",
+)
+def _attention_varlen_op(
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor | None, max_seqlen_q: int | None,
+    max_seqlen_k: int | None, causal: bool, softmax_scale: float | None, block_table: Tensor | None,
+    seqused_k: Tensor | None, backend: str,
+) -> tuple[Tensor, Tensor]:
+    return _api.attention_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+        softmax_scale=softmax_scale, block_table=block_table, seqused_k=seqused_k, return_lse=True, backend=backend)
+
+
+@_attention_varlen_op.register_fake
+def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                           block_table, seqused_k, backend):
+    if q.dim() != 3:
+        raise ValueError(f"q must be a 3-D tensor (total_q, heads, head_dim); got shape {tuple(q.shape)}")
+    total_q, heads, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32)
+
+
+_attention_varlen_op.register_autograd(_no_backward)
+
+
+@torch.library.custom_op(
+    "waveboost::attention_with_kvcache",
+    mutates_args=("k_cache", "v_cache"),
+    schema="(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? block_table, "
+    "Tensor? k_new, Tensor? v_new, bool causal, float? softmax_scale, str backend) -> (Tensor, Tensor)",
+)
+def _attention_with_kvcache_op(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, block_table: Tensor | None,
+    k_new: Tensor | None, v_new: Tensor | None, causal: bool, softmax_scale: float | None, backend: str,
+) -> tuple[Tensor, Tensor]:
+    return _api.attention_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens, block_table=block_table, k_new=k_new, v_new=v_new, causal=causal,
+        softmax_scale=softmax_scale, return_lse=True, backend=backend)
+
+
+@_attention_with_kvcache_op.register_fake
+def _attention_with_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal,
+                                 softmax_scale, backend):
+    if q.dim() != 4:
+        raise ValueError(f"q must be a 4-D tensor (batch, seqlen_q, heads, head_dim); got shape {tuple(q.shape)}")
+    batch, seqlen_q, heads, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+
+
+def attention_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor | None,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    block_table: Tensor | None = None,
+    seqused_k: Tensor | None = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+) -> Tensor | tuple[Tensor, Tensor]:
+    """``waveboost.attention_varlen`` through the ``waveboost::attention_varlen`` custom op
+    (``torch.compile(fullgraph=True)`` traces it; CUDA graphs capture it when ``max_seqlen_q`` and
+    ``max_seqlen_k`` are given, since omitted ones are read from the device). No ``out=`` and no
+    ``validate=``: call ``waveboost.attention_varlen`` for those."""
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+    out, lse = torch.ops.waveboost.attention_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bool(causal), softmax_scale, block_table,
+        seqused_k, backend)
+    return (out, lse) if return_lse else out
+
+
+def attention_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_seqlens: Tensor,
+    *,
+    block_table: Tensor | None = None,
+    k_new: Tensor | None = None,
+    v_new: Tensor | None = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+) -> Tensor | tuple[Tensor, Tensor]:
+    """``waveboost.attention_with_kvcache`` through the ``waveboost::attention_with_kvcache``
+    custom op, which declares that it writes ``k_cache`` and ``v_cache`` (the ``k_new``/``v_new``
+    append), so ``torch.compile`` orders it correctly with other uses of the caches. Nothing is
+    read on the host: a decode step can be captured in a CUDA graph."""
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+    out, lse = torch.ops.waveboost.attention_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, bool(causal), softmax_scale, backend)
+    return (out, lse) if return_lse else out

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "flash_kernel.h"
 #include "thread_pool.h"
@@ -102,6 +103,124 @@ constexpr int64_t kBlockM = BaselineConfig<float>::kBlockM;
 static_assert(Avx512Config<float>::kBlockM == kBlockM && Avx2Config<double>::kBlockM == kBlockM,
               "every configuration must split query rows the same way");
 
+// Where one sequence of a batch with a sequence layout lives, read from the host index arrays.
+struct SequenceExtent {
+  int64_t q_begin = 0;  // first packed query row (varlen q), else 0
+  int64_t seqlen_q = 0;
+  int64_t k_begin = 0;  // first packed key row (varlen k), else 0
+  int64_t seqlen_k = 0;
+};
+
+// Reads cu_seqlens, seqused_k and block_table and checks every index the kernel will follow, so
+// that a bad one is an error rather than an out-of-bounds read.
+Status sequence_extents(const AttentionParams& p, std::vector<SequenceExtent>* extents) {
+  extents->resize(p.batch);
+  auto str = [](int64_t x) { return std::to_string(x); };
+  for (int64_t b = 0; b < p.batch; ++b) {
+    SequenceExtent& e = (*extents)[b];
+    e.seqlen_q = p.seqlen_q;
+    if (p.is_varlen_q()) {
+      e.q_begin = p.cu_seqlens_q[b];
+      e.seqlen_q = static_cast<int64_t>(p.cu_seqlens_q[b + 1]) - e.q_begin;
+      if (b == 0 && e.q_begin < 0)
+        return Status::InvalidArgument("cu_seqlens_q[0] must be >= 0; got " + str(e.q_begin));
+      if (e.seqlen_q < 0 || e.seqlen_q > p.seqlen_q)
+        return Status::InvalidArgument("cu_seqlens_q gives sequence " + str(b) + " " + str(e.seqlen_q) +
+                                       " queries; expected a count in [0, max_seqlen_q = " + str(p.seqlen_q) +
+                                       "] (cu_seqlens_q must be non-decreasing)");
+    }
+    int64_t capacity = p.seqlen_k;
+    if (p.is_varlen_k()) {
+      e.k_begin = p.cu_seqlens_k[b];
+      capacity = static_cast<int64_t>(p.cu_seqlens_k[b + 1]) - e.k_begin;
+      if (b == 0 && e.k_begin < 0)
+        return Status::InvalidArgument("cu_seqlens_k[0] must be >= 0; got " + str(e.k_begin));
+      if (capacity < 0)
+        return Status::InvalidArgument("cu_seqlens_k gives sequence " + str(b) + " " + str(capacity) +
+                                       " keys; cu_seqlens_k must be non-decreasing");
+    }
+    e.seqlen_k = capacity;
+    if (p.seqused_k != nullptr) {
+      e.seqlen_k = p.seqused_k[b];
+      if (e.seqlen_k < 0 || e.seqlen_k > capacity)
+        return Status::InvalidArgument("seqused_k[" + str(b) + "] = " + str(e.seqlen_k) +
+                                       " is outside [0, " + str(capacity) + "], the keys sequence " + str(b) +
+                                       " can hold");
+    }
+    if (e.seqlen_k > p.seqlen_k)
+      return Status::InvalidArgument("sequence " + str(b) + " uses " + str(e.seqlen_k) +
+                                     " keys, more than max_seqlen_k = " + str(p.seqlen_k));
+    if (p.is_paged()) {
+      const int32_t* pages = p.block_table + b * p.block_table_batch_stride;
+      for (int64_t i = 0; i < (e.seqlen_k + p.page_size - 1) / p.page_size; ++i)
+        if (pages[i] < 0 || pages[i] >= p.num_pages)
+          return Status::InvalidArgument("block_table[" + str(b) + ", " + str(i) + "] = " + str(pages[i]) +
+                                         " is not a page id in [0, " + str(p.num_pages) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+// The dense, one-sequence params of sequence `b`: pointers moved to its rows, its own lengths
+// (so the causal mask aligns bottom-right per sequence), a paged cache's table row.
+AttentionParams sequence_params(const AttentionParams& p, int64_t b, const SequenceExtent& e) {
+  const int64_t elem = p.dtype == DType::kFloat64 ? 8 : 4;
+  auto advance = [elem](const void* ptr, int64_t elements) {
+    return static_cast<const void*>(static_cast<const char*>(ptr) + elements * elem);
+  };
+  AttentionParams s = p;
+  s.batch = 1;
+  s.seqlen_q = e.seqlen_q;
+  s.seqlen_k = e.seqlen_k;
+  s.cu_seqlens_q = s.cu_seqlens_k = s.seqused_k = nullptr;
+  const int64_t q_offset = p.is_varlen_q() ? e.q_begin * p.q_row_stride : b * p.q_batch_stride;
+  const int64_t o_offset = p.is_varlen_q() ? e.q_begin * p.o_row_stride : b * p.o_batch_stride;
+  s.q = advance(p.q, q_offset);
+  s.out = const_cast<void*>(advance(p.out, o_offset));
+  if (p.lse != nullptr) s.lse = p.lse + (p.is_varlen_q() ? e.q_begin : b * p.lse_batch_stride);
+  if (p.is_paged()) {
+    s.block_table = p.block_table + b * p.block_table_batch_stride;
+  } else {
+    const int64_t k_offset = p.is_varlen_k() ? e.k_begin * p.k_row_stride : b * p.k_batch_stride;
+    const int64_t v_offset = p.is_varlen_k() ? e.k_begin * p.v_row_stride : b * p.v_batch_stride;
+    s.k = advance(p.k, k_offset);
+    s.v = advance(p.v, v_offset);
+  }
+  return s;
+}
+
+// A batch with a sequence layout: one task per (sequence, head, block of kBlockM query rows),
+// each running the dense kernel on its sequence's view.
+Status sequence_forward(const AttentionParams& params, QueryBlockKernel kernel) {
+  std::vector<SequenceExtent> extents;
+  if (Status s = sequence_extents(params, &extents); !s.ok()) return s;
+  int64_t max_rows = 0;
+  for (const SequenceExtent& e : extents) max_rows = std::max(max_rows, e.seqlen_q);
+  const int64_t blocks_per_head = (max_rows + kBlockM - 1) / kBlockM;
+  const int64_t num_tasks = params.batch * params.heads * blocks_per_head;
+
+  std::atomic<bool> failed{false};
+  global_thread_pool().parallel_for(num_tasks, [&](int64_t task) {
+    const int64_t block_index = blocks_per_head - 1 - task % blocks_per_head;
+    const int64_t batch_head = task / blocks_per_head;
+    const int64_t b = batch_head / params.heads;
+    const SequenceExtent& e = extents[b];
+    QueryBlock block;
+    block.batch = 0;
+    block.head = batch_head % params.heads;
+    block.row_begin = block_index * kBlockM;
+    if (block.row_begin >= e.seqlen_q) return;
+    block.num_rows = std::min(kBlockM, e.seqlen_q - block.row_begin);
+    try {
+      kernel(sequence_params(params, b, e), block);
+    } catch (const std::exception&) {
+      failed.store(true);
+    }
+  });
+  if (failed.load()) return Status::Internal("backend 'cpu': out of memory for per-thread scratch");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status can_implement(const AttentionParams& params) {
@@ -120,6 +239,7 @@ Status attention_forward(const AttentionParams& params) {
 
   const QueryBlockKernel kernel =
       params.dtype == DType::kFloat32 ? select_kernel<float>() : select_kernel<double>();
+  if (!params.is_dense()) return sequence_forward(params, kernel);
   const int64_t blocks_per_head = (params.seqlen_q + kBlockM - 1) / kBlockM;
   const int64_t num_tasks = params.batch * params.heads * blocks_per_head;
 

@@ -166,6 +166,7 @@ template <typename T>
 struct Scratch {
   // "rows" is the query block rounded up to whole vectors.
   ScratchArray<T> q_t;        // (head_dim, rows): Q^T pre-scaled by softmax_scale * log2(e)
+  ScratchArray<T> k;          // (kBlockN, head_dim): a K tile gathered from its pages (paged K only)
   ScratchArray<T> v;          // (kBlockN, head_dim rounded up to whole vectors)
   ScratchArray<T> p_t;        // (kBlockN, rows): scores S^T, then probabilities P^T in place
   ScratchArray<T> o;          // (rows, head_dim rounded up): unnormalized output
@@ -184,6 +185,17 @@ struct QueryBlock {
 };
 
 inline int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+// Row `key` of K or V (one head, given by head_base) of the sequence `params` describes: at a
+// fixed row stride, or, for a paged cache, row key % page_size of page block_table[key / page_size]
+// (params then describes one sequence: block_table points at its row of the table).
+template <typename T>
+WAVEBOOST_CPU_INLINE const T* key_row(const AttentionParams& params, const T* head_base, int64_t page_stride,
+                                      int64_t row_stride, int64_t key) {
+  if (params.block_table == nullptr) return head_base + key * row_stride;
+  const int64_t page = params.block_table[key / params.page_size];
+  return head_base + page * page_stride + (key % params.page_size) * row_stride;
+}
 
 // Keys query `row` may see: all of them, or with the bottom-right aligned
 // causal mask, j <= row + seqlen_k - seqlen_q.
@@ -337,7 +349,8 @@ WAVEBOOST_CPU_INLINE void online_softmax_tile(int64_t cols, int64_t rows_padded,
   }
 }
 
-// Computes out (and lse) for one block of query rows of one (batch, head).
+// Computes out (and lse) for one block of query rows of one (batch, head). A paged K/V
+// (block_table set) is read through key_row; params must then describe one sequence (batch 1).
 template <class C>
 WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, const QueryBlock& block,
                                                 Scratch<typename C::Element>& scratch) {
@@ -350,8 +363,10 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
 
   const T* q = static_cast<const T*>(params.q) + block.batch * params.q_batch_stride +
                block.head * params.q_head_stride + block.row_begin * params.q_row_stride;
-  const T* k = static_cast<const T*>(params.k) + block.batch * params.k_batch_stride + kv_head * params.k_head_stride;
-  const T* v = static_cast<const T*>(params.v) + block.batch * params.v_batch_stride + kv_head * params.v_head_stride;
+  const bool paged = params.block_table != nullptr;
+  const int64_t kv_batch = paged ? 0 : block.batch;  // a paged cache's batch stride steps pages
+  const T* k = static_cast<const T*>(params.k) + kv_batch * params.k_batch_stride + kv_head * params.k_head_stride;
+  const T* v = static_cast<const T*>(params.v) + kv_batch * params.v_batch_stride + kv_head * params.v_head_stride;
   T* out = static_cast<T*>(params.out) + block.batch * params.o_batch_stride + block.head * params.o_head_stride +
            block.row_begin * params.o_row_stride;
 
@@ -363,6 +378,7 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
   T* l = scratch.l.get(rows_padded);
   T* alpha = scratch.alpha.get(rows_padded);
   T* key_limit = scratch.key_limit.get(rows_padded);
+  T* k_tile = paged ? scratch.k.get(C::kBlockN * head_dim) : nullptr;
 
   // Q^T, pre-scaled so that the softmax is exp2(s - m) on base-2 scores.
   // Padding queries are zero: finite scores, never written out.
@@ -395,13 +411,24 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
     // V is copied so that P V streams contiguous, zero-padded rows: read in
     // place, a 4 KiB row stride (e.g. 8 heads x 128 x fp32) puts every row of
     // the tile in the same L1 set.
-    const T* v_rows = v + key_begin * params.v_row_stride;
     for (int64_t j = 0; j < cols; ++j) {
-      std::copy(v_rows + j * params.v_row_stride, v_rows + j * params.v_row_stride + head_dim, v_tile + j * dim_padded);
+      const T* v_row = key_row(params, v, params.v_batch_stride, params.v_row_stride, key_begin + j);
+      std::copy(v_row, v_row + head_dim, v_tile + j * dim_padded);
       std::fill(v_tile + j * dim_padded + head_dim, v_tile + (j + 1) * dim_padded, T(0));
     }
+    // K is read in place, except from a paged cache, whose tile may span several pages.
+    const T* k_rows = k + key_begin * params.k_row_stride;
+    int64_t k_stride = params.k_row_stride;
+    if (paged) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const T* k_row = key_row(params, k, params.k_batch_stride, params.k_row_stride, key_begin + j);
+        std::copy(k_row, k_row + head_dim, k_tile + j * head_dim);
+      }
+      k_rows = k_tile;
+      k_stride = head_dim;
+    }
 
-    scores_tile<C>(k + key_begin * params.k_row_stride, params.k_row_stride, cols, q_t, rows_padded, head_dim, p_t);
+    scores_tile<C>(k_rows, k_stride, cols, q_t, rows_padded, head_dim, p_t);
     online_softmax_tile<C>(cols, rows_padded, key_limit, apply_mask, p_t, m, l, alpha);
     accumulate_pv<C>(p_t, v_tile, cols, alpha, rows_padded, dim_padded, o);
   }

@@ -1,24 +1,168 @@
-// Backend "decode": can_implement and dispatch of the split-KV decode kernel.
+// Backend "decode": can_implement, the number of split-KV pieces, the workspace, and the
+// dtype x head_dim dispatch of the decode kernel (include/waveboost/cuda/decode.cuh), followed
+// by the combine (include/waveboost/cuda/core/combine.cuh) when the keys were split.
+#include <cstdint>
+#include <string>
+
 #include "cuda_paths.h"
+#include "waveboost/cuda/common.cuh"
+#include "waveboost/cuda/core/combine.cuh"
+#include "waveboost/cuda/decode.cuh"
 
 namespace waveboost::cuda {
+namespace {
 
-Status decode_can_implement(const AttentionParams&) {
-  return Status::NotSupported("backend 'decode' is not built yet");
+// Blocks of the decode kernel one SM holds at once: its shared memory (100-112 KB) allows two
+// on sm_90 (228 KB per SM).
+constexpr int kDecodeBlocksPerSM = 2;
+// Pieces per (sequence, kv head) at most: bounds the combine's reads per output row.
+constexpr int kMaxDecodeSplits = 128;
+
+// 16 B accesses: base pointers aligned, every applied stride a multiple of 8 elements. Packed
+// (varlen) q/out and k/v apply no batch stride; a paged cache applies its page stride always.
+bool decode_vector_friendly(const AttentionParams& p) {
+  const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  const auto used = [](int64_t stride, bool applied) { return applied ? stride : int64_t{0}; };
+  const bool q_batched = !p.is_varlen_q() && p.batch > 1;
+  const bool k_batched = p.is_paged() || (!p.is_varlen_k() && p.batch > 1);
+  const int64_t strides = used(p.q_batch_stride, q_batched) | used(p.o_batch_stride, q_batched) |
+                          p.q_row_stride | p.q_head_stride | p.o_row_stride | p.o_head_stride |
+                          used(p.k_batch_stride, k_batched) | used(p.v_batch_stride, k_batched) | p.k_row_stride |
+                          p.k_head_stride | p.v_row_stride | p.v_head_stride;
+  return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out) && (strides & 7) == 0;
 }
 
-Status decode_forward(const AttentionParams& p, void*) { return decode_can_implement(p); }
-
-}  // namespace waveboost::cuda
-
-namespace waveboost::cuda {
-
-Status merge_attention_states(const MergeStatesParams&, void*) {
-  return Status::NotSupported("merge_attention_states is not implemented on CUDA yet");
+int64_t decode_row_tiles(const AttentionParams& p) {
+  const int64_t block_m = decode_block_m(p);
+  return (p.seqlen_q * (p.heads / p.heads_kv) + block_m - 1) / block_m;
 }
 
-Status kv_cache_append(const KVCacheAppendParams&, void*) {
-  return Status::NotSupported("kv_cache_append is not implemented on CUDA yet");
+// Pieces to cut each block's keys into. The grid without splits has batch x kv heads x row
+// tiles blocks; when that leaves SMs without a block, the keys are cut so that the pieces fill
+// one wave (kDecodeBlocksPerSM per SM), each piece at least one key tile of the longest
+// sequence. A grid that gives every SM a block is left whole: it streams the cache at full
+// speed already, and a combine would only add traffic and a launch.
+int decode_splits(const AttentionParams& p, int multiprocessors) {
+  const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
+  if (blocks <= 0 || blocks >= multiprocessors) return 1;
+  const int64_t key_tiles = (p.seqlen_k + decode_block_n(p.head_dim) - 1) / decode_block_n(p.head_dim);
+  int64_t splits = int64_t{kDecodeBlocksPerSM} * multiprocessors / blocks;
+  splits = splits < key_tiles ? splits : key_tiles;
+  splits = splits < kMaxDecodeSplits ? splits : kMaxDecodeSplits;
+  return splits > 1 ? static_cast<int>(splits) : 1;
+}
+
+Status launch(const AttentionParams& p, const DecodeSplit& split, cudaStream_t s) {
+  switch (p.dtype) {
+    case DType::kFloat16:
+      switch (p.head_dim) {
+        case 64: return launch_decode_hdim64_fp16(p, split, s);
+        case 128: return launch_decode_hdim128_fp16(p, split, s);
+        default: break;
+      }
+      break;
+    case DType::kBFloat16:
+      switch (p.head_dim) {
+        case 64: return launch_decode_hdim64_bf16(p, split, s);
+        case 128: return launch_decode_hdim128_bf16(p, split, s);
+        default: break;
+      }
+      break;
+    default: break;
+  }
+  return Status::NotSupported(std::string("backend 'decode' supports float16 and bfloat16 with head_dim 64 and 128; "
+                                          "got ") + dtype_name(p.dtype) + " with head_dim " + std::to_string(p.head_dim));
+}
+
+}  // namespace
+
+Status decode_can_implement(const AttentionParams& p) {
+  if (p.device_type != DeviceType::kCUDA)
+    return Status::NotSupported("backend 'decode' runs on CUDA devices; got tensors on the CPU");
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
+    return Status::NotSupported(std::string("backend 'decode' supports float16 and bfloat16; got ") +
+                                dtype_name(p.dtype));
+  if (p.head_dim != 64 && p.head_dim != 128)
+    return Status::NotSupported("backend 'decode' supports head_dim 64 and 128; got " + std::to_string(p.head_dim));
+  if (!decode_vector_friendly(p))
+    return Status::NotSupported(
+        "backend 'decode' needs 16-byte aligned q/k/v/out with strides that are multiples of 8 elements");
+  int cc = 0;
+  if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
+  if (cc < 80)  // cp.async and bf16 mma.sync
+    return Status::NotSupported("backend 'decode' needs compute capability >= 8.0; device " +
+                                std::to_string(p.device_id) + " has " + cc_string(cc));
+  if (p.heads_kv > 0) {
+    const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
+    if (blocks > INT32_MAX)
+      return Status::NotSupported("backend 'decode' runs up to 2147483647 blocks (query row tiles x batch x heads_kv); "
+                                  "got " + std::to_string(blocks));
+  }
+  int smem_optin = 0;
+  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
+  const int smem_needed = p.heads_kv > 0 ? decode_smem_bytes(p) : 0;
+  if (smem_needed > smem_optin)
+    return Status::NotSupported("backend 'decode' needs " + std::to_string(smem_needed) +
+                                " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
+                                "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
+  return Status::Ok();
+}
+
+Status decode_forward(const AttentionParams& p, void* stream) {
+  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
+  DeviceGuard guard(p.device_id);
+  if (!guard.status().ok()) return guard.status();
+  const auto s = static_cast<cudaStream_t>(stream);
+  int multiprocessors = 0;
+  if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
+  DecodeSplit split;
+  split.num_splits = decode_splits(p, multiprocessors);
+  if (split.num_splits == 1) return launch(p, split, s);
+
+  // Pieces: O (fp32) [split][b][i][h][d] and LSE [split][b][h][i]. splits x blocks <= 2 x SMs,
+  // so at most 2 x SMs x 64 rows (8.7 MB at head dim 128 on an H100), kept by the pool.
+  const size_t floats = static_cast<size_t>(split.num_splits) * p.batch * p.seqlen_q * p.heads;
+  const size_t bytes = floats * (p.head_dim + 1) * sizeof(float);
+  cudaMemPool_t pool = nullptr;
+  if (Status st = workspace_pool(p.device_id, &pool); !st.ok()) return st;
+  void* workspace = nullptr;
+  if (const cudaError_t err = cudaMallocFromPoolAsync(&workspace, bytes, pool, s); err != cudaSuccess) {
+    cudaGetLastError();  // an out-of-memory here must not be reported again by the next unrelated check
+    return cuda_status(err, ("cudaMallocFromPoolAsync of the decode split-KV workspace (" + std::to_string(bytes) +
+                             " bytes)").c_str());
+  }
+  split.o_accum = static_cast<float*>(workspace);
+  split.lse_accum = split.o_accum + floats * p.head_dim;
+  Status status = launch(p, split, s);
+  if (status.ok()) {
+    core::CombineParams c;
+    c.parts = split.o_accum;
+    c.part_head_stride = p.head_dim;
+    c.part_row_stride = p.heads * p.head_dim;
+    c.part_batch_stride = p.seqlen_q * c.part_row_stride;
+    c.part_stride = p.batch * c.part_batch_stride;
+    c.part_lse = split.lse_accum;
+    c.lse_row_stride = 1;
+    c.lse_head_stride = p.seqlen_q;
+    c.lse_batch_stride = p.heads * p.seqlen_q;
+    c.lse_part_stride = p.batch * c.lse_batch_stride;
+    c.out = p.out;
+    c.o_batch_stride = p.o_batch_stride;
+    c.o_row_stride = p.o_row_stride;
+    c.o_head_stride = p.o_head_stride;
+    c.lse = p.lse;
+    c.lse_out_batch_stride = p.lse_batch_stride;
+    c.lse_out_head_stride = p.lse_head_stride;
+    c.cu_seqlens = p.cu_seqlens_q;
+    c.num_parts = split.num_splits;
+    c.batch = p.batch;
+    c.seqlen = p.seqlen_q;
+    c.heads = p.heads;
+    c.head_dim = p.head_dim;
+    status = core::launch_combine(c, DType::kFloat32, p.dtype, s);
+  }
+  const Status freed = cuda_status(cudaFreeAsync(workspace, s), "cudaFreeAsync of the decode split-KV workspace");
+  return status.ok() ? freed : status;
 }
 
 }  // namespace waveboost::cuda

@@ -40,6 +40,10 @@ WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_attention_backward_cpu(XLA_FFI
 #ifdef WAVEBOOST_WITH_CUDA
 WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_attention_backward_cuda(XLA_FFI_CallFrame* call_frame);
 #endif
+WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_kvcache_cpu(XLA_FFI_CallFrame* call_frame);
+#ifdef WAVEBOOST_WITH_CUDA
+WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_kvcache_cuda(XLA_FFI_CallFrame* call_frame);
+#endif
 
 namespace {
 
@@ -336,4 +340,146 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_attention_backward_cuda, attention_b
                                   .Attr<bool>("has_dlse")
                                   .Attr<bool>("deterministic")
                                   .Attr<std::string_view>("backend"));
+#endif
+
+// ---------------------------------------------------------------------------
+// KV-cache attention: optional append of k_new/v_new into the cache (the cache results alias the
+// cache operands, so under jit with donation XLA updates the cache in place), then attention of q
+// over each sequence's filled keys. Every buffer is row-major, as XLA lays them out by default.
+// ---------------------------------------------------------------------------
+namespace {
+
+ffi::Error kvcache(DeviceType device_type, int device_id, void* stream, ffi::AnyBuffer q, ffi::AnyBuffer k_cache_in,
+                   ffi::AnyBuffer v_cache_in, ffi::AnyBuffer cache_seqlens, ffi::AnyBuffer block_table,
+                   ffi::AnyBuffer k_new, ffi::AnyBuffer v_new, ffi::Result<ffi::AnyBuffer> out,
+                   ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> k_cache,
+                   ffi::Result<ffi::AnyBuffer> v_cache, ffi::Result<ffi::AnyBuffer> seqused, bool causal,
+                   double softmax_scale, std::string_view backend_name, bool paged, bool append) {
+  Backend backend;
+  if (!waveboost::parse_backend(std::string(backend_name), &backend))
+    return ffi::Error::InvalidArgument("unknown backend '" + std::string(backend_name) + "'");
+  const std::optional<DType> dtype = to_dtype(q.element_type());
+  if (!dtype) return ffi::Error::InvalidArgument("q must have dtype float16, bfloat16, float32 or float64");
+  for (auto [buf, name] : {std::pair{&k_cache_in, "k_cache"}, {&v_cache_in, "v_cache"}, {&k_new, "k_new"},
+                           {&v_new, "v_new"}})
+    if (buf->element_type() != q.element_type()) return ffi::Error::InvalidArgument(std::string(name) + " must have q's dtype");
+  for (auto [buf, name] : {std::pair{&cache_seqlens, "cache_seqlens"}, {&block_table, "block_table"}})
+    if (buf->element_type() != ffi::DataType::S32) return ffi::Error::InvalidArgument(std::string(name) + " must be int32");
+  const auto qd = q.dimensions(), cd = k_cache_in.dimensions(), nd = k_new.dimensions(), td = block_table.dimensions();
+  if (qd.size() != 4 || cd.size() != 4 || nd.size() != 4 || td.size() != 2 || !(v_cache_in.dimensions() == cd) ||
+      !(v_new.dimensions() == nd))
+    return ffi::Error::InvalidArgument("q, k_cache, v_cache, k_new, v_new must be 4-D (v like k) and block_table 2-D");
+  const int64_t batch = qd[0], heads = qd[2], head_dim = qd[3], heads_kv = cd[2];
+  if (cd[3] != head_dim || nd[0] != batch || nd[2] != heads_kv || nd[3] != head_dim ||
+      cache_seqlens.element_count() != static_cast<size_t>(batch) || (paged && td[0] != batch) ||
+      (!paged && cd[0] != batch))
+    return ffi::Error::InvalidArgument("inconsistent shapes: q " + dims_str(qd) + ", k_cache " + dims_str(cd) +
+                                       ", k_new " + dims_str(nd) + ", block_table " + dims_str(td));
+  const int64_t row = heads_kv * head_dim, capacity = paged ? td[1] * cd[1] : cd[1];
+  const int32_t* lengths = static_cast<const int32_t*>(cache_seqlens.untyped_data());
+  const int32_t* table = paged ? static_cast<const int32_t*>(block_table.untyped_data()) : nullptr;
+
+  if (append) {
+    waveboost::KVCacheAppendParams a;
+    a.k_cache = k_cache->untyped_data();
+    a.v_cache = v_cache->untyped_data();
+    a.kc_head_stride = a.vc_head_stride = head_dim;
+    a.kc_row_stride = a.vc_row_stride = row;
+    a.kc_batch_stride = a.vc_batch_stride = cd[1] * row;
+    a.k_new = k_new.untyped_data();
+    a.v_new = v_new.untyped_data();
+    a.kn_head_stride = a.vn_head_stride = head_dim;
+    a.kn_row_stride = a.vn_row_stride = row;
+    a.kn_batch_stride = a.vn_batch_stride = nd[1] * row;
+    a.cache_seqlens = lengths;
+    a.seqused_out = static_cast<int32_t*>(seqused->untyped_data());
+    a.block_table = table;
+    a.block_table_batch_stride = td[1];
+    a.page_size = paged ? cd[1] : 0;
+    a.num_pages = paged ? cd[0] : 0;
+    a.batch = batch, a.seqlen_new = nd[1], a.heads_kv = heads_kv, a.head_dim = head_dim, a.capacity = capacity;
+    a.dtype = *dtype;
+    a.device_type = device_type;
+    a.device_id = device_id;
+    if (Status st = waveboost::kv_cache_append(a, stream); !st.ok()) return to_ffi_error(st);
+  }
+
+  AttentionParams p;
+  p.q = q.untyped_data();
+  p.k = k_cache->untyped_data();
+  p.v = v_cache->untyped_data();
+  p.out = out->untyped_data();
+  p.lse = static_cast<float*>(lse->untyped_data());
+  p.q_head_stride = p.o_head_stride = head_dim;
+  p.q_row_stride = p.o_row_stride = heads * head_dim;
+  p.q_batch_stride = p.o_batch_stride = qd[1] * heads * head_dim;
+  p.k_head_stride = p.v_head_stride = head_dim;
+  p.k_row_stride = p.v_row_stride = row;
+  p.k_batch_stride = p.v_batch_stride = cd[1] * row;
+  p.lse_head_stride = qd[1], p.lse_batch_stride = heads * qd[1];
+  p.batch = batch, p.seqlen_q = qd[1], p.seqlen_k = capacity;
+  p.heads = heads, p.heads_kv = heads_kv, p.head_dim = head_dim;
+  p.seqused_k = append ? static_cast<const int32_t*>(seqused->untyped_data()) : lengths;
+  if (paged) {
+    p.block_table = table;
+    p.block_table_batch_stride = td[1];
+    p.page_size = cd[1];
+    p.num_pages = cd[0];
+  }
+  p.softmax_scale = softmax_scale;
+  p.is_causal = causal;
+  p.dtype = *dtype;
+  p.device_type = device_type;
+  p.device_id = device_id;
+  return to_ffi_error(waveboost::attention_forward(p, backend, stream));
+}
+
+ffi::Error kvcache_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k_cache_in, ffi::AnyBuffer v_cache_in,
+                       ffi::AnyBuffer cache_seqlens, ffi::AnyBuffer block_table, ffi::AnyBuffer k_new,
+                       ffi::AnyBuffer v_new, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                       ffi::Result<ffi::AnyBuffer> k_cache, ffi::Result<ffi::AnyBuffer> v_cache,
+                       ffi::Result<ffi::AnyBuffer> seqused, bool causal, double softmax_scale,
+                       std::string_view backend, bool paged, bool append) {
+  return kvcache(DeviceType::kCPU, 0, nullptr, q, k_cache_in, v_cache_in, cache_seqlens, block_table, k_new, v_new,
+                 out, lse, k_cache, v_cache, seqused, causal, softmax_scale, backend, paged, append);
+}
+
+#ifdef WAVEBOOST_WITH_CUDA
+ffi::Error kvcache_cuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k_cache_in,
+                        ffi::AnyBuffer v_cache_in, ffi::AnyBuffer cache_seqlens, ffi::AnyBuffer block_table,
+                        ffi::AnyBuffer k_new, ffi::AnyBuffer v_new, ffi::Result<ffi::AnyBuffer> out,
+                        ffi::Result<ffi::AnyBuffer> lse, ffi::Result<ffi::AnyBuffer> k_cache,
+                        ffi::Result<ffi::AnyBuffer> v_cache, ffi::Result<ffi::AnyBuffer> seqused, bool causal,
+                        double softmax_scale, std::string_view backend, bool paged, bool append) {
+  return kvcache(DeviceType::kCUDA, device_ordinal, stream, q, k_cache_in, v_cache_in, cache_seqlens, block_table,
+                 k_new, v_new, out, lse, k_cache, v_cache, seqused, causal, softmax_scale, backend, paged, append);
+}
+#endif
+
+}  // namespace
+
+#define WAVEBOOST_KVCACHE_BINDING                                                               \
+  .Arg<ffi::AnyBuffer>()     /* q */                                                            \
+      .Arg<ffi::AnyBuffer>() /* k_cache */                                                      \
+      .Arg<ffi::AnyBuffer>() /* v_cache */                                                      \
+      .Arg<ffi::AnyBuffer>() /* cache_seqlens */                                                \
+      .Arg<ffi::AnyBuffer>() /* block_table ((batch, 0) when not paged) */                      \
+      .Arg<ffi::AnyBuffer>() /* k_new ((batch, 0, heads_kv, head_dim) when not appending) */    \
+      .Arg<ffi::AnyBuffer>() /* v_new */                                                        \
+      .Ret<ffi::AnyBuffer>() /* out */                                                          \
+      .Ret<ffi::AnyBuffer>() /* lse */                                                          \
+      .Ret<ffi::AnyBuffer>() /* k_cache (aliases the k_cache operand) */                        \
+      .Ret<ffi::AnyBuffer>() /* v_cache (aliases the v_cache operand) */                        \
+      .Ret<ffi::AnyBuffer>() /* seqused: cache_seqlens + seqlen_new */                          \
+      .Attr<bool>("causal")                                                                     \
+      .Attr<double>("softmax_scale")                                                            \
+      .Attr<std::string_view>("backend")                                                        \
+      .Attr<bool>("paged")                                                                      \
+      .Attr<bool>("append")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_kvcache_cpu, kvcache_cpu, ffi::Ffi::Bind() WAVEBOOST_KVCACHE_BINDING);
+#ifdef WAVEBOOST_WITH_CUDA
+XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_kvcache_cuda, kvcache_cuda,
+                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>()
+                                  WAVEBOOST_KVCACHE_BINDING);
 #endif

@@ -126,6 +126,37 @@ def run_backward(case, g):
     for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
         assert not torch.isnan(x).any().item(), f"NaN in {name}: {case}"
     return 1
+def serving_calls(g):
+    """Decode (dense split and unsplit, GQA/MQA, causal few-query rows), a paged cache with append,
+    varlen, and merge_attention_states: (name, thunk returning the tensors to check) pairs."""
+    bf, fp = torch.bfloat16, torch.float16
+    mk = lambda *s, dtype=bf: torch.randn(*s, generator=g, device="cuda").to(dtype)  # noqa: E731
+    calls = []
+    for b, lq, lk, h, hkv, d, causal in ((1, 1, 700, 8, 2, 128, False), (2, 3, 131, 8, 1, 64, True),
+                                         (1, 2, 5, 64, 1, 128, True), (3, 1, 97, 4, 4, 64, False)):
+        q, k, v = mk(b, lq, h, d), mk(b, lk, hkv, d), mk(b, lk, hkv, d)
+        calls.append((f"decode dense {(b, lq, lk, h, hkv, d, causal)}",
+                      lambda q=q, k=k, v=v, c=causal: waveboost.attention(q, k, v, causal=c, return_lse=True,
+                                                                          out=torch.empty_like(q), backend="decode")))
+    ps, pages, hkv, d = 16, 24, 2, 128
+    kc, vc = mk(pages, ps, hkv, d), mk(pages, ps, hkv, d)
+    table = torch.randperm(pages, device="cuda", generator=g).reshape(3, 8).to(torch.int32)
+    lengths = torch.tensor([0, 17, 125], dtype=torch.int32, device="cuda")
+    q, kn, vn = mk(3, 2, 8, d), mk(3, 2, hkv, d), mk(3, 2, hkv, d)
+    calls.append(("decode paged + append", lambda: waveboost.attention_with_kvcache(
+        q, kc, vc, lengths, block_table=table, k_new=kn, v_new=vn, causal=True, return_lse=True,
+        out=torch.empty_like(q))))
+    cu_q = torch.tensor([0, 1, 1, 4], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 9, 12, 12], dtype=torch.int32, device="cuda")
+    qv, kv_, vv = mk(4, 4, 64, dtype=fp), mk(12, 2, 64, dtype=fp), mk(12, 2, 64, dtype=fp)
+    calls.append(("decode varlen", lambda: waveboost.attention_varlen(
+        qv, kv_, vv, cu_q, cu_k, max_seqlen_q=3, max_seqlen_k=9, causal=True, return_lse=True,
+        out=torch.empty_like(qv), backend="decode")))
+    outs, lses = mk(3, 2, 5, 4, 64, dtype=torch.float32), mk(3, 2, 4, 5, dtype=torch.float32)
+    lses[0] = float("-inf")
+    calls.append(("merge_attention_states", lambda: waveboost.merge_attention_states(
+        outs, lses, out=torch.empty(2, 5, 4, 64, device="cuda", dtype=bf))))
+    return calls
 
 
 def main():
@@ -148,7 +179,15 @@ def main():
     for case in backward_cases():
         launched += run_backward(case, g)
     all_cases = all_cases + backward_cases()
-    print(f"run_cases: {len(all_cases)} calls OK ({launched} launched, {len(all_cases) - launched} refused as documented)")
+    serving = serving_calls(g) if torch.cuda.get_device_capability() >= (8, 0) else []
+    for name, call in serving:
+        result = call()
+        torch.cuda.synchronize()
+        for x in result:
+            assert not torch.isnan(x).any().item(), f"NaN in {name}"
+    launched += len(serving)
+    total = len(all_cases) + len(serving)
+    print(f"run_cases: {total} calls OK ({launched} launched, {total - launched} refused as documented)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,219 @@
+// Combining attention over disjoint key sets through their log-sum-exps: split-KV pieces of one
+// kernel (decode), merge_attention_states' parts, and context-parallel shards all end here.
+//
+// For each output row, with part LSEs l_s and L = log sum_s exp(l_s):
+//   out = sum_s exp(l_s - L) * O_s,   lse = L.
+// A part with l_s = -inf saw no key and contributes nothing (its O_s is not read); a row whose
+// parts are all -inf is zeros with lse -inf; a NaN LSE makes the row NaN.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "waveboost/attention.h"
+
+namespace waveboost::cuda::core {
+
+/// \brief Parts (num_parts, batch, seqlen, heads, head_dim) and their LSEs
+/// (num_parts, batch, heads, seqlen) -> out (batch, seqlen, heads, head_dim), lse (batch, heads,
+/// seqlen). Element strides; head_dim is contiguous everywhere. With cu_seqlens, out and lse are
+/// packed (total, heads, head_dim) / (heads, total) and row r of sequence b (r < its length) is
+/// packed row cu_seqlens[b] + r; the parts stay (.., batch, seqlen, ..) with seqlen the bound.
+struct CombineParams {
+  const void* parts = nullptr;
+  int64_t part_stride = 0, part_batch_stride = 0, part_row_stride = 0, part_head_stride = 0;
+  const float* part_lse = nullptr;
+  int64_t lse_part_stride = 0, lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
+
+  void* out = nullptr;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  float* lse = nullptr;  // optional
+  int64_t lse_out_batch_stride = 0, lse_out_head_stride = 0;  // row stride 1
+
+  const int32_t* cu_seqlens = nullptr;  // optional (batch + 1)
+
+  int64_t num_parts = 0, batch = 0, seqlen = 0, heads = 0, head_dim = 0;
+};
+
+/// Launches the combine on `stream` (the parts' device must be current). part_dtype and
+/// out_dtype: float16, bfloat16 or float32.
+Status launch_combine(const CombineParams& params, DType part_dtype, DType out_dtype, cudaStream_t stream);
+
+#ifdef __CUDACC__
+namespace combine_detail {
+
+constexpr int kThreads = 256;
+// Threads per output row: 16 lanes x 4 elements cover head dim 64 in one pass, 128 in two.
+constexpr int kGroup = 16;
+constexpr int kRowsPerBlock = kThreads / kGroup;
+
+template <typename T>
+__device__ __forceinline__ float load_one(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return *p;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(*p);
+  } else {
+    return __bfloat162float(*p);
+  }
+}
+
+// Four consecutive elements as floats; kVector: one 16 B (fp32) or 8 B (16-bit) load.
+template <typename T, bool kVector>
+__device__ __forceinline__ float4 load4(const T* p) {
+  if constexpr (kVector && std::is_same_v<T, float>) {
+    return *reinterpret_cast<const float4*>(p);
+  } else if constexpr (kVector) {
+    const uint2 bits = *reinterpret_cast<const uint2*>(p);
+    T e[4];
+    memcpy(e, &bits, sizeof(bits));
+    return make_float4(load_one(e), load_one(e + 1), load_one(e + 2), load_one(e + 3));
+  } else {
+    return make_float4(load_one(p), load_one(p + 1), load_one(p + 2), load_one(p + 3));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T store_one(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(x);
+  } else {
+    return __float2bfloat16_rn(x);
+  }
+}
+
+template <typename T, bool kVector>
+__device__ __forceinline__ void store4(T* p, float4 v) {
+  if constexpr (kVector && std::is_same_v<T, float>) {
+    *reinterpret_cast<float4*>(p) = v;
+  } else {
+    T e[4] = {store_one<T>(v.x), store_one<T>(v.y), store_one<T>(v.z), store_one<T>(v.w)};
+    if constexpr (kVector) {
+      uint2 bits;
+      memcpy(&bits, e, sizeof(bits));
+      *reinterpret_cast<uint2*>(p) = bits;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p[i] = e[i];
+    }
+  }
+}
+
+__device__ __forceinline__ float group_max(float x) {
+#pragma unroll
+  for (int offset = kGroup / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+__device__ __forceinline__ float group_sum(float x) {
+#pragma unroll
+  for (int offset = kGroup / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+__device__ __forceinline__ bool group_any(bool x) {
+  return (__ballot_sync(0xffffffffu, x) >> ((threadIdx.x % 32) / kGroup * kGroup) & ((1u << kGroup) - 1)) != 0;
+}
+
+}  // namespace combine_detail
+
+/// \brief One output row per group of 16 threads, rows in (batch, row, head) order so that
+/// consecutive groups write consecutive heads. kVector: every base pointer and stride allows
+/// 4-element vector accesses and head_dim % 4 == 0; otherwise head_dim is walked 4 (then 1)
+/// at a time with scalar accesses.
+template <typename PartT, typename OutT, bool kVector>
+__global__ void __launch_bounds__(combine_detail::kThreads) combine_kernel(const __grid_constant__ CombineParams p) {
+  using namespace combine_detail;
+  const int64_t rows = p.batch * p.seqlen * p.heads;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kGroup;
+  const int lane = threadIdx.x % kGroup;
+  // A warp holds two groups: every lane takes part in the shuffles, dead rows only skip the work.
+  bool live = row < rows;
+  const int64_t h = live ? row % p.heads : 0;
+  const int64_t r = live ? (row / p.heads) % p.seqlen : 0;
+  const int64_t b = live ? row / (p.heads * p.seqlen) : 0;
+  int64_t packed = r;
+  if (live && p.cu_seqlens != nullptr) {
+    const int64_t start = p.cu_seqlens[b];
+    live = r < p.cu_seqlens[b + 1] - start;
+    packed = start + r;
+  }
+
+  // L = max + log(sum exp(l_s - max)), the parts' LSEs spread over the group's lanes.
+  const float* lses = p.part_lse + b * p.lse_batch_stride + h * p.lse_head_stride + r * p.lse_row_stride;
+  float max_lse = -INFINITY;
+  bool nan = false;
+  if (live) {
+    for (int64_t s = lane; s < p.num_parts; s += kGroup) {
+      const float l = lses[s * p.lse_part_stride];
+      nan |= isnan(l);
+      max_lse = fmaxf(max_lse, l);
+    }
+  }
+  max_lse = group_max(max_lse);
+  nan = group_any(nan);
+  float total = 0.f;
+  if (live && !nan && max_lse != -INFINITY) {
+    for (int64_t s = lane; s < p.num_parts; s += kGroup) total += expf(lses[s * p.lse_part_stride] - max_lse);
+  }
+  total = group_sum(total);
+  if (!live) return;
+
+  float lse;
+  float inv_total = 0.f;
+  if (nan) {
+    lse = NAN;
+  } else if (max_lse == -INFINITY) {
+    lse = -INFINITY;
+  } else {
+    lse = max_lse + logf(total);
+    inv_total = 1.f / total;
+  }
+
+  const PartT* parts = static_cast<const PartT*>(p.parts) + b * p.part_batch_stride + r * p.part_row_stride +
+                       h * p.part_head_stride;
+  OutT* out = static_cast<OutT*>(p.out) + (p.cu_seqlens != nullptr ? 0 : b * p.o_batch_stride) +
+              packed * p.o_row_stride + h * p.o_head_stride;
+  const int64_t d4 = p.head_dim / 4 * 4;
+  for (int64_t d = 4 * lane; d < d4; d += 4 * kGroup) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (nan) {
+      acc = make_float4(NAN, NAN, NAN, NAN);
+    } else if (max_lse != -INFINITY) {
+      for (int64_t s = 0; s < p.num_parts; ++s) {
+        const float w = expf(lses[s * p.lse_part_stride] - max_lse) * inv_total;
+        if (w == 0.f) continue;  // a part that saw no key (or is negligible) is not read
+        const float4 o = load4<PartT, kVector>(parts + s * p.part_stride + d);
+        acc.x += w * o.x;
+        acc.y += w * o.y;
+        acc.z += w * o.z;
+        acc.w += w * o.w;
+      }
+    }
+    store4<OutT, kVector>(out + d, acc);
+  }
+  for (int64_t d = d4 + lane; d < p.head_dim; d += kGroup) {  // a head_dim tail (not a multiple of 4)
+    float acc = nan ? NAN : 0.f;
+    if (!nan && max_lse != -INFINITY) {
+      for (int64_t s = 0; s < p.num_parts; ++s) {
+        const float w = expf(lses[s * p.lse_part_stride] - max_lse) * inv_total;
+        if (w != 0.f) acc += w * load_one(parts + s * p.part_stride + d);
+      }
+    }
+    out[d] = store_one<OutT>(acc);
+  }
+  if (p.lse != nullptr && lane == 0) {
+    const int64_t at = p.cu_seqlens != nullptr ? h * p.lse_out_head_stride + packed
+                                               : b * p.lse_out_batch_stride + h * p.lse_out_head_stride + r;
+    p.lse[at] = lse;
+  }
+}
+
+#endif  // __CUDACC__
+
+}  // namespace waveboost::cuda::core

@@ -1,0 +1,118 @@
+// Sequence geometry shared by the CUDA kernels that read the sequence-layout fields of
+// AttentionParams (varlen cu_seqlens, seqused_k, paged block_table): how long sequence b is on
+// each side, where its query rows live, and where key j of a kv head lives in K and V, dense,
+// packed or paged. The kv-cache append kernel uses the same address arithmetic to write.
+//
+// Everything is read on the device (lengths, tables): nothing here makes the host wait, so
+// calls stay capturable in CUDA graphs.
+#pragma once
+
+#include <cstdint>
+
+#include "waveboost/attention.h"
+
+namespace waveboost::cuda::core {
+
+/// \brief Lengths and packed offsets of one sequence of a (possibly varlen / seqused) batch.
+struct SequenceInfo {
+  int64_t len_q = 0;    // query rows of the sequence
+  int64_t len_k = 0;    // keys it attends to (seqused_k when given)
+  int64_t q_start = 0;  // first packed row with cu_seqlens_q, else 0
+  int64_t k_start = 0;  // first packed key with cu_seqlens_k, else 0
+
+  __device__ __forceinline__ static SequenceInfo of(const AttentionParams& p, int64_t b) {
+    SequenceInfo s;
+    if (p.cu_seqlens_q != nullptr) {
+      s.q_start = p.cu_seqlens_q[b];
+      s.len_q = p.cu_seqlens_q[b + 1] - s.q_start;
+    } else {
+      s.len_q = p.seqlen_q;
+    }
+    if (p.cu_seqlens_k != nullptr) {
+      s.k_start = p.cu_seqlens_k[b];
+      s.len_k = p.cu_seqlens_k[b + 1] - s.k_start;
+    } else {
+      s.len_k = p.seqlen_k;
+    }
+    if (p.seqused_k != nullptr) s.len_k = p.seqused_k[b];
+    // The grid is sized by the upper bounds: never step past them, whatever the arrays say.
+    s.len_q = s.len_q < 0 ? 0 : (s.len_q > p.seqlen_q ? p.seqlen_q : s.len_q);
+    s.len_k = s.len_k < 0 ? 0 : (s.len_k > p.seqlen_k ? p.seqlen_k : s.len_k);
+    return s;
+  }
+
+  // Keys query row i sees: all of them, or under the bottom-right causal mask those
+  // j <= i + len_k - len_q (possibly none).
+  __device__ __forceinline__ int64_t keys_visible(int64_t i, bool causal) const {
+    if (!causal) return len_k;
+    const int64_t n = i + 1 + len_k - len_q;
+    return n < 0 ? 0 : (n > len_k ? len_k : n);
+  }
+
+  // Element offsets of query row i of head h in q, out, and of its LSE.
+  __device__ __forceinline__ int64_t q_offset(const AttentionParams& p, int64_t b, int64_t i, int64_t h) const {
+    const int64_t row = p.cu_seqlens_q != nullptr ? q_start + i : i;
+    return (p.cu_seqlens_q != nullptr ? 0 : b * p.q_batch_stride) + row * p.q_row_stride + h * p.q_head_stride;
+  }
+  __device__ __forceinline__ int64_t o_offset(const AttentionParams& p, int64_t b, int64_t i, int64_t h) const {
+    const int64_t row = p.cu_seqlens_q != nullptr ? q_start + i : i;
+    return (p.cu_seqlens_q != nullptr ? 0 : b * p.o_batch_stride) + row * p.o_row_stride + h * p.o_head_stride;
+  }
+  // lse is (batch, heads, seqlen_q), or (heads, total_q) with cu_seqlens_q.
+  __device__ __forceinline__ int64_t lse_offset(const AttentionParams& p, int64_t b, int64_t i, int64_t h) const {
+    if (p.cu_seqlens_q != nullptr) return h * p.lse_head_stride + q_start + i;
+    return b * p.lse_batch_stride + h * p.lse_head_stride + i;
+  }
+};
+
+/// \brief Where the keys of one (sequence, kv head) live: key j's element offset in K and in V.
+/// Dense: batch and row strides; packed (cu_seqlens_k): rows from the sequence's first key;
+/// paged: row j % page_size of page table_row[j / page_size], the batch strides stepping a page.
+struct KVAddress {
+  const int32_t* table_row = nullptr;  // the sequence's block_table row, or nullptr
+  int64_t k_base = 0, v_base = 0;      // offset of key 0 (dense, packed) or of the head (paged)
+  int64_t k_row_stride = 0, v_row_stride = 0;
+  int64_t k_page_stride = 0, v_page_stride = 0;
+  int64_t page_size = 1;
+  int64_t num_pages = 0;
+
+  __device__ __forceinline__ static KVAddress of(const AttentionParams& p, const SequenceInfo& seq, int64_t b,
+                                                 int64_t h_kv) {
+    KVAddress a;
+    a.k_row_stride = p.k_row_stride;
+    a.v_row_stride = p.v_row_stride;
+    a.k_base = h_kv * p.k_head_stride;
+    a.v_base = h_kv * p.v_head_stride;
+    if (p.block_table != nullptr) {
+      a.table_row = p.block_table + b * p.block_table_batch_stride;
+      a.k_page_stride = p.k_batch_stride;
+      a.v_page_stride = p.v_batch_stride;
+      a.page_size = p.page_size;
+      a.num_pages = p.num_pages;
+    } else if (p.cu_seqlens_k != nullptr) {
+      a.k_base += seq.k_start * p.k_row_stride;
+      a.v_base += seq.k_start * p.v_row_stride;
+    } else {
+      a.k_base += b * p.k_batch_stride;
+      a.v_base += b * p.v_batch_stride;
+    }
+    return a;
+  }
+
+  // Offsets of key j (0 <= j < the sequence's keys) in K and V. A page id outside
+  // [0, num_pages) (a corrupt table) yields false: the caller reads zeros instead.
+  __device__ __forceinline__ bool locate(int64_t j, int64_t& k_off, int64_t& v_off) const {
+    if (table_row == nullptr) {
+      k_off = k_base + j * k_row_stride;
+      v_off = v_base + j * v_row_stride;
+      return true;
+    }
+    const int64_t page = __ldg(table_row + j / page_size);
+    const int64_t row = j % page_size;
+    k_off = k_base + page * k_page_stride + row * k_row_stride;
+    v_off = v_base + page * v_page_stride + row * v_row_stride;
+    return page >= 0 && page < num_pages;
+  }
+};
+
+}  // namespace waveboost::cuda::core

@@ -1,0 +1,439 @@
+// Split-KV decode (backend "decode"): attention for few query rows per sequence against a long
+// KV cache, at the memory-bandwidth limit.
+//
+// One block owns one (sequence, kv head, piece of the keys) and packs every query row that reads
+// that kv head, seqlen_q x (heads / heads_kv) of them ordered (query position, head of the
+// group), into one tile of kBlockM rows: each K/V byte then leaves HBM once per kv head, not once
+// per query head. (More rows than kBlockM take further row tiles, each reading the keys again.)
+// K/V tiles of kBlockN keys stream through kStages shared-memory stages with 16 B cp.async,
+// their addresses from core::KVAddress (dense, packed or paged: the page of key j through the
+// block table). Scores and P V run on mma.sync m16n8k16 with fp32 accumulators and the online
+// softmax in fp32, FlashAttention-2 style; with kBlockM = 16 the four warps split each key tile
+// instead of the rows, and merge their states at the end.
+//
+// Keys are cut into num_splits pieces (flash-decoding) when batch x kv heads leaves SMs idle:
+// each piece writes O / l (fp32) and its LSE to a workspace and core::combine merges them. The
+// pieces are cut from each sequence's own length, read on the device (seqused_k, cu_seqlens),
+// so nothing is read on the host and the launch shape depends only on the shapes.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "waveboost/cuda/common.cuh"
+#include "waveboost/cuda/core/kv_iterator.cuh"
+#include "waveboost/cuda/mma_primitives.cuh"
+
+namespace waveboost::cuda {
+
+/// \brief Compile-time choices of the decode kernel.
+/// \tparam Element_  __half or __nv_bfloat16.
+/// \tparam kHeadDim_ 64 or 128.
+/// \tparam kBlockM_  query rows per block: 16 (the four warps split the keys of a tile) or 64
+///                   (each warp owns 16 rows, as FlashAttention-2).
+template <typename Element_, int kHeadDim_, int kBlockM_>
+struct DecodeTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kWarpsM = kBlockM / 16;         // warps along the rows
+  static constexpr int kWarpsN = kWarps / kWarpsM;     // warps along the keys of a tile
+  // 32 KB of K and V per stage at either head dim: enough bytes in flight per SM to cover HBM
+  // latency with two stages outstanding.
+  static constexpr int kBlockN = kHeadDim == 64 ? 128 : 64;
+  static constexpr int kStages = 3;
+  static constexpr int kWarpKeys = kBlockN / kWarpsN;  // keys of a tile one warp scores
+
+  static constexpr int kChunk = 16 / int(sizeof(Element));  // elements per 16 B
+  static constexpr int kChunksPerRow = kHeadDim / kChunk;
+  static constexpr int kRowsPerCopyPass = kThreads / kChunksPerRow;
+
+  static constexpr int kTileBytes = kBlockN * kHeadDim * int(sizeof(Element));
+  static constexpr int kQBytes = kBlockM * kHeadDim * int(sizeof(Element));
+  // Epilogue: each warp's O (fp32) per row, padded by 8 floats against bank conflicts.
+  static constexpr int kOStride = kHeadDim + 8;
+  static constexpr int kEpilogueBytes = kWarpsN * kBlockM * kOStride * 4 + 2 * kWarpsN * kBlockM * 4;
+  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes;
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(kBlockM == 16 || kBlockM == 64, "16 or 64 rows");
+  static_assert(kWarpKeys % 16 == 0, "a warp scores whole k16 slices of keys");
+  static_assert(kChunksPerRow >= 8 && kRowsPerCopyPass % 8 == 0, "swizzle period");
+  static_assert(kBlockN % kRowsPerCopyPass == 0 && kBlockM % kRowsPerCopyPass == 0, "whole copy passes");
+  static_assert(kEpilogueBytes <= kStages * 2 * kTileBytes, "the epilogue reuses the K/V stages");
+};
+
+/// \brief Split-KV pieces of the decode kernel: with num_splits > 1, piece s of each block's keys
+/// goes to o_accum [s][b][i][h][d] (fp32, normalized) and lse_accum [s][b][h][i], with i < seqlen_q.
+struct DecodeSplit {
+  int num_splits = 1;
+  float* o_accum = nullptr;
+  float* lse_accum = nullptr;
+};
+
+namespace decode {
+
+// Element offset of 16 B chunk `chunk` of row `row` in a [rows][kHeadDim] tile whose chunks are
+// XOR-swizzled by row: eight consecutive rows' chunk c land in eight distinct bank groups.
+template <typename Traits>
+__device__ __forceinline__ int tile_offset(int row, int chunk) {
+  return row * Traits::kHeadDim + ((chunk ^ (row & 7)) * Traits::kChunk);
+}
+
+// A row's softmax state merged over the kWarpsN warps that scored its keys: m the max (log2
+// units of the scaled scores), l the sum of exp2(score - m).
+struct MergedRow {
+  float m, l;
+  __device__ __forceinline__ float m_use() const { return m == -INFINITY ? 0.f : m; }
+  __device__ __forceinline__ float lse() const { return l == 0.f ? -INFINITY : m * kLn2 + logf(l); }
+};
+
+template <typename Traits>
+__device__ __forceinline__ MergedRow merge_warps(const float* m_smem, const float* l_smem, int r) {
+  MergedRow row{-INFINITY, 0.f};
+#pragma unroll
+  for (int w = 0; w < Traits::kWarpsN; ++w) row.m = fmaxf(row.m, m_smem[w * Traits::kBlockM + r]);
+#pragma unroll
+  for (int w = 0; w < Traits::kWarpsN; ++w)
+    row.l += l_smem[w * Traits::kBlockM + r] * mma::exp2(m_smem[w * Traits::kBlockM + r] - row.m_use());
+  return row;
+}
+
+template <typename Traits>
+__device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSplit& split) {
+  using Element = typename Traits::Element;
+  constexpr int D = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Element* q_smem = reinterpret_cast<Element*>(smem_raw);
+  Element* kv_smem = reinterpret_cast<Element*>(smem_raw + Traits::kQBytes);  // [stage][K, V][kBlockN][D]
+
+  // Block -> (row tile, split, sequence and kv head), row tiles fastest so that the blocks
+  // reading the same keys run together.
+  const int64_t group = p.heads / p.heads_kv;
+  const int64_t row_tiles = (p.seqlen_q * group + kBlockM - 1) / kBlockM;
+  int64_t index = blockIdx.x;
+  const int64_t row_tile = index % row_tiles;
+  index /= row_tiles;
+  const int split_index = static_cast<int>(index % split.num_splits);
+  index /= split.num_splits;
+  const int64_t b = index / p.heads_kv;
+  const int64_t h_kv = index % p.heads_kv;
+  const bool causal = p.is_causal;
+
+  const core::SequenceInfo seq = core::SequenceInfo::of(p, b);
+  const int64_t rows = seq.len_q * group;  // live rows of the sequence
+  const int64_t row0 = row_tile * kBlockM;
+  if (row0 >= rows) return;  // a row tile past this sequence's queries (varlen): nothing to write
+  const int64_t last_row = (row0 + kBlockM < rows ? row0 + kBlockM : rows) - 1;
+  // Keys the block's rows see: the last row sees the most under the causal mask.
+  const int64_t key_end = seq.keys_visible(last_row / group, causal);
+  const int64_t key_tiles = (key_end + kBlockN - 1) / kBlockN;
+  const int64_t tiles_per_split = (key_tiles + split.num_splits - 1) / split.num_splits;
+  const int64_t tile_begin = split_index * tiles_per_split;
+  const int64_t tile_end = tile_begin + tiles_per_split < key_tiles ? tile_begin + tiles_per_split : key_tiles;
+  const int n_tiles = tile_end > tile_begin ? static_cast<int>(tile_end - tile_begin) : 0;
+  // Keys from which some row of the block needs a mask (the first row sees the fewest).
+  const int64_t mask_from = seq.keys_visible(row0 / group, causal);
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int warp_m = warp % Traits::kWarpsM;
+  const int warp_n = warp / Traits::kWarpsM;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  // ---- Q: the block's rows (query position i, head h_kv * group + j) into shared memory ----
+  {
+    const Element* q = static_cast<const Element*>(p.q);
+    const int chunk = tid % Traits::kChunksPerRow;
+#pragma unroll
+    for (int pass = 0; pass < kBlockM / Traits::kRowsPerCopyPass; ++pass) {
+      const int r = pass * Traits::kRowsPerCopyPass + tid / Traits::kChunksPerRow;
+      const int64_t row = row0 + r;
+      const bool valid = row < rows;
+      const int64_t off = valid ? seq.q_offset(p, b, row / group, h_kv * group + row % group) : 0;
+      mma::copy_async_16B(mma::shared_address(q_smem + tile_offset<Traits>(r, chunk)),
+                          q + off + chunk * Traits::kChunk, valid);
+    }
+    mma::commit_copies();
+  }
+
+  // ---- K/V tile producer: keys [j0, j0 + kBlockN) into stage `stage`, zeros past key_end ----
+  const core::KVAddress kv = core::KVAddress::of(p, seq, b, h_kv);
+  const Element* k_gmem = static_cast<const Element*>(p.k);
+  const Element* v_gmem = static_cast<const Element*>(p.v);
+  const auto load_tile = [&](int64_t tile, int stage) {
+    const int64_t j0 = tile * kBlockN;
+    Element* k_tile = kv_smem + stage * 2 * (kBlockN * D);
+    Element* v_tile = k_tile + kBlockN * D;
+    const int chunk = tid % Traits::kChunksPerRow;
+#pragma unroll
+    for (int pass = 0; pass < kBlockN / Traits::kRowsPerCopyPass; ++pass) {
+      const int r = pass * Traits::kRowsPerCopyPass + tid / Traits::kChunksPerRow;
+      const int64_t j = j0 + r;
+      int64_t k_off = 0, v_off = 0;
+      bool valid = j < key_end;
+      if (valid) valid = kv.locate(j, k_off, v_off);
+      if (!valid) k_off = v_off = 0;
+      const int at = tile_offset<Traits>(r, chunk);
+      mma::copy_async_16B(mma::shared_address(k_tile + at), k_gmem + k_off + chunk * Traits::kChunk, valid);
+      mma::copy_async_16B(mma::shared_address(v_tile + at), v_gmem + v_off + chunk * Traits::kChunk, valid);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < Traits::kStages - 1; ++s) {
+    if (s < n_tiles) load_tile(tile_begin + s, s);
+    mma::commit_copies();
+  }
+
+  // ---- per-row state: this thread holds rows g and g + 8 of its warp's 16 ----
+  const int warp_row = warp_m * 16;
+  int64_t row_keys[2];  // keys each of the two rows sees
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = row0 + warp_row + g + 8 * half;
+    row_keys[half] = row < rows ? seq.keys_visible(row / group, causal) : key_end;
+  }
+  const float scale_log2 = static_cast<float>(p.softmax_scale) * kLog2e;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};  // this thread's part of the row sums
+  float o[D / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+
+
+  for (int it = 0; it < n_tiles; ++it) {
+    mma::wait_copies<Traits::kStages - 2>();
+    __syncthreads();
+    // The stage consumed in the previous iteration is free for tile it + kStages - 1.
+    {
+      const int next = it + Traits::kStages - 1;
+      if (next < n_tiles) load_tile(tile_begin + next, next % Traits::kStages);
+      mma::commit_copies();
+    }
+    const int stage = it % Traits::kStages;
+    const Element* k_tile = kv_smem + stage * 2 * (kBlockN * D);
+    const Element* v_tile = k_tile + kBlockN * D;
+    const int key0 = warp_n * Traits::kWarpKeys;  // the warp's keys within the tile
+
+    // S = Q K^T over the warp's keys.
+    float s[Traits::kWarpKeys / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < Traits::kWarpKeys / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    // Q's A fragments come from shared memory each tile (ldmatrix is cheap here; registers
+    // held across the loop would not be).
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t q_frag[4];
+      mma::load_matrix_x4(q_frag, mma::shared_address(q_smem + tile_offset<Traits>(warp_row + (lane & 15),
+                                                                                    2 * ks + (lane >> 4))));
+#pragma unroll
+      for (int np = 0; np < Traits::kWarpKeys / 16; ++np) {
+        uint32_t kf[4];
+        const int key = key0 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+        const int chunk = 2 * ks + ((lane >> 3) & 1);
+        mma::load_matrix_x4(kf, mma::shared_address(k_tile + tile_offset<Traits>(key, chunk)));
+        mma::mma_16x8x16<Element>(s[2 * np], q_frag, kf[0], kf[1]);
+        mma::mma_16x8x16<Element>(s[2 * np + 1], q_frag, kf[2], kf[3]);
+      }
+    }
+
+    // Mask keys past what each row sees (the sequence end, the causal diagonal).
+    const int64_t j0 = (tile_begin + it) * kBlockN + key0;
+    if (j0 + Traits::kWarpKeys > mask_from) {
+#pragma unroll
+      for (int nt = 0; nt < Traits::kWarpKeys / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t j = j0 + nt * 8 + 2 * t + (e & 1);
+          if (j >= row_keys[e >> 1]) s[nt][e] = -INFINITY;
+        }
+      }
+    }
+
+    // Online softmax in log2 units of the scaled scores.
+    float scale_o[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float m = row_max[half];
+#pragma unroll
+      for (int nt = 0; nt < Traits::kWarpKeys / 8; ++nt)
+        m = fmaxf(m, fmaxf(s[nt][2 * half], s[nt][2 * half + 1]) * scale_log2);
+      m = mma::quad_max(m);
+      // A row that has seen only -inf keeps m = -inf; subtract 0 then, so exp2 gives 0, not NaN.
+      const float m_use = m == -INFINITY ? 0.f : m;
+      scale_o[half] = mma::exp2(row_max[half] - m_use);
+      row_max[half] = m;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < Traits::kWarpKeys / 8; ++nt) {
+        s[nt][2 * half] = mma::exp2(fmaf(s[nt][2 * half], scale_log2, -m_use));
+        s[nt][2 * half + 1] = mma::exp2(fmaf(s[nt][2 * half + 1], scale_log2, -m_use));
+        sum += s[nt][2 * half] + s[nt][2 * half + 1];
+      }
+      row_sum[half] = row_sum[half] * scale_o[half] + sum;
+    }
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      o[dt][0] *= scale_o[0];
+      o[dt][1] *= scale_o[0];
+      o[dt][2] *= scale_o[1];
+      o[dt][3] *= scale_o[1];
+    }
+
+    // O += P V: P's accumulators are the A operand of each k16 key slice.
+#pragma unroll
+    for (int ks = 0; ks < Traits::kWarpKeys / 16; ++ks) {
+      const uint32_t a[4] = {pack_pair<Element>(s[2 * ks][0], s[2 * ks][1]),
+                             pack_pair<Element>(s[2 * ks][2], s[2 * ks][3]),
+                             pack_pair<Element>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                             pack_pair<Element>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vf[4];
+        const int key = key0 + ks * 16 + (lane & 15);
+        const int chunk = 2 * dp + (lane >> 4);
+        mma::load_matrix_x4_trans(vf, mma::shared_address(v_tile + tile_offset<Traits>(key, chunk)));
+        mma::mma_16x8x16<Element>(o[2 * dp], a, vf[0], vf[1]);
+        mma::mma_16x8x16<Element>(o[2 * dp + 1], a, vf[2], vf[3]);
+      }
+    }
+  }
+  mma::wait_copies<0>();
+  __syncthreads();  // every warp is done with the stages: the epilogue reuses them
+
+  // ---- Epilogue: merge the warps of a row (kWarpsN of them), normalize, write ----
+  float* o_smem = reinterpret_cast<float*>(smem_raw + Traits::kQBytes);  // [kWarpsN][kBlockM][kOStride]
+  float* m_smem = o_smem + Traits::kWarpsN * kBlockM * Traits::kOStride;  // [kWarpsN][kBlockM]
+  float* l_smem = m_smem + Traits::kWarpsN * kBlockM;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    row_sum[half] = mma::quad_sum(row_sum[half]);
+    if (t == 0) {
+      const int r = warp_row + g + 8 * half;
+      m_smem[warp_n * kBlockM + r] = row_max[half];
+      l_smem[warp_n * kBlockM + r] = row_sum[half];
+    }
+  }
+  __syncthreads();
+  // Each warp scales its O by exp2(m_w - m) / l, with m and l the row's merged max and sum. A
+  // row that saw no key has l = 0 and O = 0 (LSE -inf below); a NaN l makes O NaN.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = warp_row + g + 8 * half;
+    const MergedRow merged = merge_warps<Traits>(m_smem, l_smem, r);
+    const float mine = merged.l == 0.f ? 0.f : mma::exp2(row_max[half] - merged.m_use()) / merged.l;
+    float* o_row = o_smem + (warp_n * kBlockM + r) * Traits::kOStride;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<float2*>(o_row + dt * 8 + 2 * t) = make_float2(o[dt][2 * half] * mine, o[dt][2 * half + 1] * mine);
+  }
+  __syncthreads();
+
+  // 8 columns per thread per pass: one 16 B store of the output, or two of the fp32 piece.
+  constexpr int kColGroups = D / 8;
+  for (int idx = tid; idx < kBlockM * kColGroups; idx += Traits::kThreads) {
+    const int r = idx / kColGroups;
+    const int c = (idx % kColGroups) * 8;
+    const int64_t row = row0 + r;
+    if (row >= rows) continue;
+    float acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+#pragma unroll
+    for (int w = 0; w < Traits::kWarpsN; ++w) {
+      const float* src = o_smem + (w * kBlockM + r) * Traits::kOStride + c;
+      const float4 x = *reinterpret_cast<const float4*>(src);
+      const float4 y = *reinterpret_cast<const float4*>(src + 4);
+      acc[0] += x.x, acc[1] += x.y, acc[2] += x.z, acc[3] += x.w;
+      acc[4] += y.x, acc[5] += y.y, acc[6] += y.z, acc[7] += y.w;
+    }
+    const int64_t i = row / group;
+    const int64_t h = h_kv * group + row % group;
+    if (split.num_splits > 1) {
+      float* dst = split.o_accum + (((split_index * p.batch + b) * p.seqlen_q + i) * p.heads + h) * D + c;
+      *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    } else {
+      Element* dst = static_cast<Element*>(p.out) + seq.o_offset(p, b, i, h) + c;
+      *reinterpret_cast<uint4*>(dst) = make_uint4(pack_pair<Element>(acc[0], acc[1]), pack_pair<Element>(acc[2], acc[3]),
+                                                  pack_pair<Element>(acc[4], acc[5]), pack_pair<Element>(acc[6], acc[7]));
+    }
+  }
+  // LSE of each row: the merged max and sum, recomputed by one thread per row.
+  for (int r = tid; r < kBlockM; r += Traits::kThreads) {
+    const int64_t row = row0 + r;
+    if (row >= rows) continue;
+    const float row_lse = merge_warps<Traits>(m_smem, l_smem, r).lse();
+    const int64_t i = row / group;
+    const int64_t h = h_kv * group + row % group;
+    if (split.num_splits > 1) {
+      split.lse_accum[((split_index * p.batch + b) * p.heads + h) * p.seqlen_q + i] = row_lse;
+    } else if (p.lse != nullptr) {
+      p.lse[seq.lse_offset(p, b, i, h)] = row_lse;
+    }
+  }
+}
+
+}  // namespace decode
+
+/// \brief The decode kernel; a 1-D grid of row tiles x splits x batch x kv heads.
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const __grid_constant__ AttentionParams p,
+                                                                  const DecodeSplit split) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // cp.async and bf16 mma need sm_80; decode_can_implement refuses older devices
+#else
+  decode::attend<Traits>(p, split);
+#endif
+}
+
+/// \brief Launches the decode kernel on `stream` (params.device_id current). With
+/// split.num_splits > 1 the pieces go to split's workspace; the caller combines them.
+template <typename Element, int kHeadDim, int kBlockM>
+Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  using Traits = DecodeTraits<Element, kHeadDim, kBlockM>;
+  const int64_t row_tiles = (p.seqlen_q * (p.heads / p.heads_kv) + kBlockM - 1) / kBlockM;
+  const int64_t blocks = row_tiles * split.num_splits * p.batch * p.heads_kv;
+  if (blocks > INT32_MAX)
+    return Status::NotSupported("backend 'decode' runs up to 2147483647 blocks (query row tiles x splits x batch x "
+                                "heads_kv); got " + std::to_string(blocks));
+  const auto kernel = decode_kernel<Traits>;
+  WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  kernel<<<static_cast<unsigned>(blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, split);
+  return cuda_status(cudaGetLastError(), "decode_kernel launch");
+}
+
+/// \brief The decode kernel for one dtype and head dim: 16-row tiles when every query row of a
+/// kv head fits in one (seqlen_q x heads / heads_kv <= 16), else 64-row tiles.
+template <typename Element, int kHeadDim>
+Status launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  if (p.seqlen_q * (p.heads / p.heads_kv) <= 16) return launch_decode_kernel<Element, kHeadDim, 16>(p, split, stream);
+  return launch_decode_kernel<Element, kHeadDim, 64>(p, split, stream);
+}
+
+// Defined in src/cuda/decode_hdim{64,128}_{fp16,bf16}.cu.
+Status launch_decode_hdim64_fp16(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream);
+Status launch_decode_hdim128_fp16(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream);
+Status launch_decode_hdim64_bf16(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream);
+Status launch_decode_hdim128_bf16(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream);
+
+// Query rows of one block for these params (see launch_decode), and shared memory per block.
+inline int64_t decode_block_m(const AttentionParams& p) { return p.seqlen_q * (p.heads / p.heads_kv) <= 16 ? 16 : 64; }
+inline int decode_smem_bytes(const AttentionParams& p) {
+  const bool d64 = p.head_dim == 64;
+  if (decode_block_m(p) == 16)
+    return d64 ? DecodeTraits<__half, 64, 16>::kSmemBytes : DecodeTraits<__half, 128, 16>::kSmemBytes;
+  return d64 ? DecodeTraits<__half, 64, 64>::kSmemBytes : DecodeTraits<__half, 128, 64>::kSmemBytes;
+}
+inline int64_t decode_block_n(int64_t head_dim) {
+  return head_dim == 64 ? DecodeTraits<__half, 64, 16>::kBlockN : DecodeTraits<__half, 128, 16>::kBlockN;
+}
+
+}  // namespace waveboost::cuda

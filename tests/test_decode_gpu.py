@@ -1,0 +1,310 @@
+"""The CUDA decode backend, merge_attention_states and kv_cache_append on CUDA, against float64
+references (tests/reference.py): dense, paged (shuffled pages) and varlen caches, cache lengths of
+0, 1 and odd, GQA ratios 1-64 and MQA, few causal queries per sequence, split-KV and unsplit
+grids, NaN-poisoned outputs, CUDA-graph capture.
+
+Half precision: max|out - ref| <= 2 * max|same-dtype naive - ref| + atol (FlashAttention's rule).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import waveboost
+from reference import attention_ref_torch
+
+torch = pytest.importorskip("torch", reason="the GPU tests drive the kernels through PyTorch")
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+ATOL = {"fp16": 2e-4, "bf16": 2e-3}
+
+
+def gen(seed):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    return g
+
+
+def randn(g, *shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def per_sequence_reference(q, k, v, lengths_q, lengths_k, causal, scale, dtype=None):
+    """Lists of per-sequence (out, lse): q[b][:lq], k[b][:lk] (tensors of (B, L, H, D) or lists)."""
+    outs, lses = [], []
+    for b in range(len(lengths_q)):
+        lq, lk = int(lengths_q[b]), int(lengths_k[b])
+        o, l = attention_ref_torch(q[b][None, :lq], k[b][None, :lk], v[b][None, :lk], causal, scale, dtype=dtype)
+        outs.append(o[0])
+        lses.append(l[0])
+    return outs, lses
+
+
+def check_rows(out_rows, lse_rows, ref, ref_lse, naive, dname):
+    """out_rows (Lq, H, D), lse_rows (H, Lq) of one sequence against its float64 reference."""
+    assert not torch.isnan(out_rows).any(), "unwritten (NaN-poisoned) or NaN output elements"
+    err = (out_rows.double() - ref).abs().max().item() if out_rows.numel() else 0.0
+    naive_err = (naive.double() - ref).abs().max().item() if naive.numel() else 0.0
+    assert err <= 2 * naive_err + ATOL[dname], f"max error {err:.3g} vs same-dtype naive {naive_err:.3g}"
+    if lse_rows is not None:
+        assert not torch.isnan(lse_rows).any(), "unwritten or NaN lse elements"
+        assert torch.equal(torch.isneginf(lse_rows), torch.isneginf(ref_lse)), "LSE -inf rows differ"
+        finite = torch.isfinite(ref_lse)
+        torch.testing.assert_close(lse_rows.double()[finite], ref_lse[finite], rtol=1e-3, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------
+# Dense calls (backend "decode" through waveboost.attention)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dname", ["fp16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("heads,heads_kv", [(8, 8), (16, 4), (32, 8), (64, 1), (128, 2)])
+@pytest.mark.parametrize("lq,lk,causal", [(1, 1, False), (1, 97, False), (1, 1025, True), (3, 257, True),
+                                          (8, 4099, True), (5, 3, True), (2, 700, False)])
+def test_dense_matches_reference(dname, d, heads, heads_kv, lq, lk, causal):
+    g = gen(hash((dname, d, heads, heads_kv, lq, lk, causal)) % 2**31)
+    dtype = DTYPES[dname]
+    b = 3
+    q, k, v = randn(g, b, lq, heads, d, dtype=dtype), randn(g, b, lk, heads_kv, d, dtype=dtype), \
+        randn(g, b, lk, heads_kv, d, dtype=dtype)
+    out = torch.full_like(q, float("nan"))
+    scale = 1 / math.sqrt(d)
+    res, lse = waveboost.attention(q, k, v, causal=causal, out=out, return_lse=True, backend="decode")
+    assert res is out
+    ref, ref_lse = attention_ref_torch(q, k, v, causal, scale)
+    naive, _ = attention_ref_torch(q, k, v, causal, scale, dtype=dtype)
+    for i in range(b):
+        check_rows(out[i], lse[i], ref[i], ref_lse[i], naive[i], dname)
+
+
+@pytest.mark.parametrize("b,heads,heads_kv,lk", [(1, 32, 8, 32768), (1, 8, 1, 5000), (2, 64, 64, 3000),
+                                                 (200, 8, 1, 300)])
+def test_split_and_unsplit_grids(b, heads, heads_kv, lk):
+    # Small grids cut the keys into pieces merged by the combine kernel; b x heads_kv >= SMs does not.
+    g = gen(b * 1000 + lk)
+    q, k, v = randn(g, b, 1, heads, 128, dtype=torch.bfloat16), randn(g, b, lk, heads_kv, 128, dtype=torch.bfloat16), \
+        randn(g, b, lk, heads_kv, 128, dtype=torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    _, lse = waveboost.attention(q, k, v, out=out, return_lse=True, backend="decode")
+    ref, ref_lse = attention_ref_torch(q, k, v, False, 1 / math.sqrt(128))
+    naive, _ = attention_ref_torch(q, k, v, False, 1 / math.sqrt(128), dtype=torch.bfloat16)
+    for i in range(b):
+        check_rows(out[i], lse[i], ref[i], ref_lse[i], naive[i], "bf16")
+
+
+def test_auto_sends_few_queries_per_kv_head_to_decode():
+    g = gen(7)
+    q, k, v = randn(g, 4, 1, 32, 128, dtype=torch.float16), randn(g, 4, 512, 8, 128, dtype=torch.float16), \
+        randn(g, 4, 512, 8, 128, dtype=torch.float16)
+    assert waveboost.resolve_backend(q, k, v) == "decode"
+    q8 = randn(g, 4, 8, 32, 128, dtype=torch.float16)  # 8 x 4 = 32 rows per kv head
+    assert waveboost.resolve_backend(q8, k, v, causal=True) == "decode"
+    big = randn(g, 4, 512, 32, 128, dtype=torch.float16)
+    assert waveboost.resolve_backend(big, k, v) != "decode"
+    assert torch.equal(waveboost.attention(q, k, v), waveboost.attention(q, k, v, backend="decode"))
+
+
+def test_refusals_name_the_reason():
+    g = gen(8)
+    q, k, v = randn(g, 1, 1, 4, 128), randn(g, 1, 16, 4, 128), randn(g, 1, 16, 4, 128)
+    with pytest.raises(ValueError, match="backend 'decode' supports float16 and bfloat16; got float32"):
+        waveboost.attention(q, k, v, backend="decode")
+    q, k, v = (x.half()[..., :96] for x in (q, k, v))
+    with pytest.raises(ValueError, match="backend 'decode' supports head_dim 64 and 128; got 96"):
+        waveboost.attention(q.contiguous(), k.contiguous(), v.contiguous(), backend="decode")
+
+
+def test_nan_propagates_and_masked_nan_does_not():
+    g = gen(9)
+    q, k, v = randn(g, 2, 2, 8, 64, dtype=torch.float16), randn(g, 2, 100, 2, 64, dtype=torch.float16), \
+        randn(g, 2, 100, 2, 64, dtype=torch.float16)
+    k[0, 99, 0, 3] = float("nan")  # the last key: seen by query 1 only under the causal mask
+    out, lse = waveboost.attention(q, k, v, causal=True, return_lse=True, backend="decode")
+    assert torch.isnan(out[0, 1, :4]).all() and torch.isnan(lse[0, :4, 1]).all()  # kv head 0 = heads 0..3
+    assert not torch.isnan(out[0, 0]).any() and not torch.isnan(out[0, 1, 4:]).any() and not torch.isnan(out[1]).any()
+
+
+# ---------------------------------------------------------------------------
+# KV caches: dense with lengths, paged with shuffled pages, append
+# ---------------------------------------------------------------------------
+
+def paged_copy(g, k_cache, v_cache, page_size, spare=3):
+    """(k_pages, v_pages, block_table): contiguous caches (B, max_len, Hkv, D) cut into pages
+    placed in shuffled order among `spare` pages of random values."""
+    b, max_len, hkv, d = k_cache.shape
+    per_seq = max_len // page_size
+    num_pages = b * per_seq + spare
+    ids = torch.randperm(num_pages, generator=torch.Generator().manual_seed(page_size))[: b * per_seq]
+    table = ids.reshape(b, per_seq).to(torch.int32)
+    paged = []
+    for cache in (k_cache, v_cache):
+        pages = randn(g, num_pages, page_size, hkv, d, dtype=cache.dtype)
+        pages[table.reshape(-1).cuda().long()] = cache.reshape(b * per_seq, page_size, hkv, d)
+        paged.append(pages)
+    return paged[0], paged[1], table.cuda()
+
+
+@pytest.mark.parametrize("dname", ["fp16", "bf16"])
+@pytest.mark.parametrize("page_size", [None, 16, 32, 64, 128, 256])
+@pytest.mark.parametrize("heads,heads_kv,lq,causal", [(8, 8, 1, False), (32, 8, 1, True), (64, 1, 1, False),
+                                                      (16, 2, 4, True), (8, 1, 8, True)])
+def test_kvcache_matches_reference(dname, page_size, heads, heads_kv, lq, causal):
+    dtype = DTYPES[dname]
+    d = 128 if heads_kv != 1 else 64
+    g = gen(hash((dname, page_size, heads, heads_kv, lq, causal)) % 2**31)
+    b, max_len = 6, 512
+    lengths = torch.tensor([0, 1, 37, 511, 512, 300], dtype=torch.int32)  # 0, 1, odd, full
+    k_cache, v_cache = randn(g, b, max_len, heads_kv, d, dtype=dtype), randn(g, b, max_len, heads_kv, d, dtype=dtype)
+    q = randn(g, b, lq, heads, d, dtype=dtype)
+    out = torch.full_like(q, float("nan"))
+    if page_size is None:
+        kc, vc, table = k_cache, v_cache, None
+    else:
+        kc, vc, table = paged_copy(g, k_cache, v_cache, page_size)
+    _, lse = waveboost.attention_with_kvcache(q, kc, vc, lengths.cuda(), block_table=table, causal=causal, out=out,
+                                              return_lse=True, backend="decode")
+    scale = 1 / math.sqrt(d)
+    lens_q = [lq] * b
+    refs, ref_lses = per_sequence_reference(q, k_cache, v_cache, lens_q, lengths, causal, scale)
+    naives, _ = per_sequence_reference(q, k_cache, v_cache, lens_q, lengths, causal, scale, dtype=dtype)
+    for i in range(b):
+        check_rows(out[i], lse[i], refs[i], ref_lses[i], naives[i], dname)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))  # an empty cache: zeros, lse -inf
+    assert torch.isneginf(lse[0]).all()
+
+
+@pytest.mark.parametrize("page_size", [None, 16, 256])
+def test_append_then_attend(page_size):
+    g = gen(11 + (page_size or 0))
+    b, max_len, heads, heads_kv, d, new = 4, 512, 16, 4, 128, 3
+    dtype = torch.bfloat16
+    k_cache, v_cache = randn(g, b, max_len, heads_kv, d, dtype=dtype), randn(g, b, max_len, heads_kv, d, dtype=dtype)
+    lengths = torch.tensor([0, 5, 100, 509], dtype=torch.int32, device="cuda")
+    k_new, v_new = randn(g, b, new, heads_kv, d, dtype=dtype), randn(g, b, new, heads_kv, d, dtype=dtype)
+    q = randn(g, b, new, heads, d, dtype=dtype)
+    if page_size is None:
+        kc, vc, table = k_cache.clone(), v_cache.clone(), None
+    else:
+        kc, vc, table = paged_copy(g, k_cache, v_cache, page_size)
+    kc_before, vc_before = kc.clone(), vc.clone()
+    out = waveboost.attention_with_kvcache(q, kc, vc, lengths, block_table=table, k_new=k_new, v_new=v_new,
+                                           causal=True, backend="decode")
+    # The cache now holds k_new at each sequence's end and is unchanged elsewhere.
+    expect_k, expect_v = kc_before.clone(), vc_before.clone()
+    for i in range(b):
+        for j in range(new):
+            pos = int(lengths[i]) + j
+            if page_size is None:
+                expect_k[i, pos], expect_v[i, pos] = k_new[i, j], v_new[i, j]
+                k_cache[i, pos], v_cache[i, pos] = k_new[i, j], v_new[i, j]
+            else:
+                page, row = table[i, pos // page_size], pos % page_size
+                expect_k[page, row], expect_v[page, row] = k_new[i, j], v_new[i, j]
+                k_cache[i, pos], v_cache[i, pos] = k_new[i, j], v_new[i, j]
+    assert torch.equal(kc, expect_k) and torch.equal(vc, expect_v)
+    lens_k = (lengths + new).cpu()
+    refs, _ = per_sequence_reference(q, k_cache, v_cache, [new] * b, lens_k, True, 1 / math.sqrt(d))
+    naives, _ = per_sequence_reference(q, k_cache, v_cache, [new] * b, lens_k, True, 1 / math.sqrt(d), dtype=dtype)
+    for i in range(b):
+        check_rows(out[i], None, refs[i], None, naives[i], "bf16")
+
+
+def test_varlen_small_queries_on_decode():
+    g = gen(12)
+    dtype, heads, heads_kv, d = torch.float16, 16, 4, 64
+    lq = [1, 0, 4, 2, 8]
+    lk = [7, 3, 0, 1025, 97]
+    cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device="cuda")
+    q = randn(g, sum(lq), heads, d, dtype=dtype)
+    k, v = randn(g, sum(lk), heads_kv, d, dtype=dtype), randn(g, sum(lk), heads_kv, d, dtype=dtype)
+    out = torch.full_like(q, float("nan"))
+    _, lse = waveboost.attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=max(lq), max_seqlen_k=max(lk), causal=True,
+                                        out=out, return_lse=True, backend="decode")
+    scale = 1 / math.sqrt(d)
+    for i in range(len(lq)):
+        q0, k0 = int(cu_q[i]), int(cu_k[i])
+        qs, ks, vs = q[q0:q0 + lq[i]][None], k[k0:k0 + lk[i]][None], v[k0:k0 + lk[i]][None]
+        ref, ref_lse = attention_ref_torch(qs, ks, vs, True, scale)
+        naive, _ = attention_ref_torch(qs, ks, vs, True, scale, dtype=dtype)
+        check_rows(out[q0:q0 + lq[i]], lse[:, q0:q0 + lq[i]], ref[0], ref_lse[0], naive[0], "fp16")
+
+
+def test_decode_step_in_a_cuda_graph():
+    g = gen(13)
+    b, heads, heads_kv, d, page_size, max_pages = 8, 32, 8, 128, 16, 64
+    dtype = torch.bfloat16
+    num_pages = b * max_pages
+    kc, vc = randn(g, num_pages, page_size, heads_kv, d, dtype=dtype), randn(g, num_pages, page_size, heads_kv, d,
+                                                                             dtype=dtype)
+    table = torch.randperm(num_pages, device="cuda").reshape(b, max_pages).to(torch.int32)
+    lengths = torch.randint(0, max_pages * page_size - 1, (b,), device="cuda", dtype=torch.int32)
+    q = randn(g, b, 1, heads, d, dtype=dtype)
+    k_new, v_new = randn(g, b, 1, heads_kv, d, dtype=dtype), randn(g, b, 1, heads_kv, d, dtype=dtype)
+    out = torch.empty_like(q)
+    step = lambda: waveboost.attention_with_kvcache(q, kc, vc, lengths, block_table=table,  # noqa: E731
+                                                    k_new=k_new, v_new=v_new, out=out)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    eager = out.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    out.fill_(float("nan"))
+    q.copy_(randn(g, b, 1, heads, d, dtype=dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    again = waveboost.attention_with_kvcache(q, kc, vc, lengths, block_table=table, k_new=k_new, v_new=v_new)
+    assert not torch.isnan(out).any() and not torch.equal(out, eager)
+    assert torch.equal(out, again)
+
+
+# ---------------------------------------------------------------------------
+# merge_attention_states on CUDA
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("parts_dtype,out_dtype", [(torch.float32, torch.bfloat16), (torch.float16, torch.float16),
+                                                   (torch.float32, torch.float32)])
+@pytest.mark.parametrize("d", [64, 128, 37])
+def test_merge_equals_one_shot(parts_dtype, out_dtype, d):
+    g = gen(d)
+    b, lq, heads, cuts = 2, 5, 4, [0, 40, 41, 41, 300]  # an empty part among them
+    q, k, v = randn(g, b, lq, heads, d), randn(g, b, 300, heads, d), randn(g, b, 300, heads, d)
+    scale = 1 / math.sqrt(d)
+    outs, lses = [], []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        o, l = attention_ref_torch(q, k[:, lo:hi], v[:, lo:hi], False, scale)
+        outs.append(o.to(parts_dtype))
+        lses.append(l.float())
+    out = torch.full((b, lq, heads, d), float("nan"), device="cuda", dtype=out_dtype)
+    res, lse = waveboost.merge_attention_states(outs, lses, out=out)
+    assert res is out
+    ref, ref_lse = attention_ref_torch(q, k, v, False, scale)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[out_dtype]
+    tol = max(tol, {torch.float32: 1e-5, torch.float16: 2e-3}[parts_dtype])
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_merge_neg_inf_parts_and_nan():
+    g = gen(21)
+    outs = randn(g, 3, 1, 4, 2, 64)
+    lses = randn(g, 3, 1, 2, 4)
+    lses[:, 0, 0, 0] = float("-inf")  # every part empty: zeros, lse -inf
+    lses[1, 0, 1, 1] = float("-inf")  # one empty part: it contributes nothing, whatever its O holds
+    outs[1, 0, 1, 1] = float("nan")
+    lses[2, 0, 0, 2] = float("nan")  # NaN propagates
+    out, lse = waveboost.merge_attention_states(outs, lses)
+    assert torch.equal(out[0, 0, 0], torch.zeros(64, device="cuda")) and torch.isneginf(lse[0, 0, 0])
+    w = torch.softmax(lses[[0, 2], 0, 1, 1], 0)
+    torch.testing.assert_close(out[0, 1, 1], w[0] * outs[0, 0, 1, 1] + w[1] * outs[2, 0, 1, 1])
+    assert torch.isnan(out[0, 2, 0]).all() and torch.isnan(lse[0, 0, 2])
+    assert not torch.isnan(out[0, 3]).any()

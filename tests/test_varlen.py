@@ -1,0 +1,382 @@
+"""waveboost.attention_varlen: packed variable-length batches and paged K/V, against per-sequence
+float64 references (tests/reference.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import waveboost
+from reference import attention_varlen_ref, cu_seqlens, paged_from_contiguous, rel_err
+
+TOL = {np.float32: 1e-5, np.float64: 1e-12}
+CUDA_BACKENDS = ("auto", "naive", "simt", "wmma", "mma", "wgmma", "decode")
+
+
+def _lengths(rng, batch, long_len):
+    """Random short lengths with 0 and 1 among them and one long sequence."""
+    lengths = list(rng.integers(0, 12, size=batch))
+    lengths[0] = 0
+    lengths[1] = 1
+    lengths[int(rng.integers(2, batch))] = long_len
+    return np.array(lengths)
+
+
+def _packed(rng, total, heads, head_dim, dtype):
+    return rng.standard_normal((total, heads, head_dim)).astype(dtype)
+
+
+def _check(out, lse, ref, ref_lse, dtype, rows):
+    out, lse = np.asarray(out), np.asarray(lse)
+    assert not np.isnan(out[:rows]).any(), "unwritten (NaN-poisoned) or NaN output rows"
+    assert rel_err(out[:rows], ref[:rows]) < TOL[dtype]
+    assert np.array_equal(np.isneginf(lse[:, :rows]), np.isneginf(ref_lse[:, :rows])), "LSE -inf rows differ"
+    finite = np.isfinite(ref_lse[:, :rows])
+    np.testing.assert_allclose(lse[:, :rows][finite], ref_lse[:, :rows][finite], rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads,heads_kv,head_dim", [(4, 4, 64), (8, 2, 37), (8, 1, 128)])
+def test_varlen_matches_per_sequence_reference(rng, dtype, causal, heads, heads_kv, head_dim):
+    batch = 7
+    lq = _lengths(rng, batch, 257)
+    lk = _lengths(rng, batch, 300)  # independent of lq: Lq > Lk (causal rows with no key) and Lq < Lk
+    cu_q, cu_k = cu_seqlens(lq), cu_seqlens(lk)
+    q = _packed(rng, cu_q[-1], heads, head_dim, dtype)
+    k = _packed(rng, cu_k[-1], heads_kv, head_dim, dtype)
+    v = _packed(rng, cu_k[-1], heads_kv, head_dim, dtype)
+    out = np.full_like(q, np.nan)
+    res, lse = waveboost.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, out=out, return_lse=True)
+    assert res is out and lse.shape == (heads, cu_q[-1]) and lse.dtype == np.float32
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=causal)
+    _check(out, lse, ref, ref_lse, dtype, cu_q[-1])
+
+
+def test_varlen_equals_dense_on_equal_lengths(rng):
+    b, lq, lk, h, d = 3, 97, 130, 4, 64
+    q = rng.standard_normal((b, lq, h, d)).astype(np.float32)
+    k = rng.standard_normal((b, lk, 2, d)).astype(np.float32)
+    v = rng.standard_normal((b, lk, 2, d)).astype(np.float32)
+    dense, dense_lse = waveboost.attention(q, k, v, causal=True, return_lse=True)
+    out, lse = waveboost.attention_varlen(
+        q.reshape(b * lq, h, d), k.reshape(b * lk, 2, d), v.reshape(b * lk, 2, d),
+        cu_seqlens([lq] * b), cu_seqlens([lk] * b), max_seqlen_q=lq, max_seqlen_k=lk, causal=True, return_lse=True)
+    # Same kernel, same per-sequence work: bitwise equal.
+    np.testing.assert_array_equal(out.reshape(b, lq, h, d), dense)
+    np.testing.assert_array_equal(lse.reshape(h, b, lq).transpose(1, 0, 2), dense_lse)
+
+
+def test_max_seqlen_given_or_omitted_agree(rng):
+    lq, lk = np.array([3, 0, 9]), np.array([5, 4, 1])
+    q, k, v = (_packed(rng, n, 2, 16, np.float64) for n in (12, 10, 10))
+    a = waveboost.attention_varlen(q, k, v, cu_seqlens(lq), cu_seqlens(lk))
+    b = waveboost.attention_varlen(q, k, v, cu_seqlens(lq), cu_seqlens(lk), max_seqlen_q=20, max_seqlen_k=30)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_seqused_k_limits_keys(rng):
+    lq, lk = np.array([4, 1, 6]), np.array([10, 7, 12])
+    used = np.array([3, 0, 12], dtype=np.int32)
+    cu_q, cu_k = cu_seqlens(lq), cu_seqlens(lk)
+    q = _packed(rng, cu_q[-1], 4, 32, np.float64)
+    k, v = _packed(rng, cu_k[-1], 2, 32, np.float64), _packed(rng, cu_k[-1], 2, 32, np.float64)
+    out, lse = waveboost.attention_varlen(q, k, v, cu_q, cu_k, seqused_k=used, causal=True, return_lse=True)
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True, seqused_k=used)
+    _check(out, lse, ref, ref_lse, np.float64, cu_q[-1])
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 16, 64])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_paged_matches_contiguous(rng, page_size, causal):
+    # Chunked prefill on a paged cache: each sequence's new queries against its cached keys.
+    batch, heads, heads_kv, head_dim = 4, 8, 2, 64
+    max_len = page_size * max(1, -(-200 // page_size))
+    cache_k = rng.standard_normal((batch, max_len, heads_kv, head_dim)).astype(np.float32)
+    cache_v = rng.standard_normal((batch, max_len, heads_kv, head_dim)).astype(np.float32)
+    used = np.array([0, 1, max_len, 77], dtype=np.int32)
+    lq = np.array([3, 1, 9, 77])
+    cu_q = cu_seqlens(lq)
+    q = _packed(rng, cu_q[-1], heads, head_dim, np.float32)
+    k_pages, table = paged_from_contiguous(rng, cache_k, page_size)
+    v_pages = np.empty_like(k_pages)
+    v_pages[:] = rng.standard_normal(v_pages.shape)
+    for b in range(batch):
+        for i in range(table.shape[1]):
+            v_pages[table[b, i]] = cache_v[b, i * page_size:(i + 1) * page_size]
+    out = np.full_like(q, np.nan)
+    _, lse = waveboost.attention_varlen(q, k_pages, v_pages, cu_q, None, block_table=table, seqused_k=used,
+                                        causal=causal, out=out, return_lse=True)
+    flat_k = cache_k.reshape(batch * max_len, heads_kv, head_dim)
+    flat_v = cache_v.reshape(batch * max_len, heads_kv, head_dim)
+    ref, ref_lse = attention_varlen_ref(q, flat_k, flat_v, cu_q, np.arange(batch + 1) * max_len, causal=causal,
+                                        seqused_k=used)
+    _check(out, lse, ref, ref_lse, np.float32, cu_q[-1])
+
+
+def test_paged_lengths_from_cu_seqlens_k(rng):
+    # flash-attn's paged varlen form: cu_seqlens_k gives the lengths, block_table the pages.
+    page_size, batch = 4, 3
+    cache = rng.standard_normal((batch, 12, 1, 8))
+    pages, table = paged_from_contiguous(rng, cache, page_size)
+    lk = np.array([5, 12, 2])
+    q = _packed(rng, 6, 2, 8, np.float64)
+    cu_q = cu_seqlens([2, 2, 2])
+    a = waveboost.attention_varlen(q, pages, pages, cu_q, cu_seqlens(lk), block_table=table)
+    b = waveboost.attention_varlen(q, pages, pages, cu_q, None, block_table=table, seqused_k=lk.astype(np.int32))
+    np.testing.assert_array_equal(a, b)
+    ref, _ = attention_varlen_ref(q, cache.reshape(36, 1, 8), cache.reshape(36, 1, 8), cu_q, [0, 12, 24, 36],
+                                  seqused_k=lk)
+    assert rel_err(a, ref) < 1e-12
+
+
+def test_torch_and_jax_inputs(rng):
+    torch = pytest.importorskip("torch")
+    lq, lk = np.array([2, 5]), np.array([3, 9])
+    cu_q, cu_k = cu_seqlens(lq), cu_seqlens(lk)
+    q, k, v = _packed(rng, 7, 4, 16, np.float32), _packed(rng, 12, 4, 16, np.float32), _packed(rng, 12, 4, 16, np.float32)
+    ref = waveboost.attention_varlen(q, k, v, cu_q, cu_k, causal=True)
+    t = waveboost.attention_varlen(*(torch.from_numpy(x) for x in (q, k, v, cu_q, cu_k)), causal=True)
+    assert isinstance(t, torch.Tensor)
+    np.testing.assert_array_equal(t.numpy(), ref)
+    jax = pytest.importorskip("jax")
+    with jax.default_device(jax.devices("cpu")[0]):
+        j = waveboost.attention_varlen(*(jax.numpy.asarray(x) for x in (q, k, v, cu_q, cu_k)), causal=True)
+    np.testing.assert_array_equal(np.asarray(j), ref)
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+def _small(rng):
+    q = _packed(rng, 6, 2, 8, np.float32)
+    k = _packed(rng, 9, 1, 8, np.float32)
+    return q, k, k.copy(), cu_seqlens([2, 4]), cu_seqlens([4, 5])
+
+
+def test_index_dtype_must_be_int32(rng):
+    q, k, v, cu_q, cu_k = _small(rng)
+    with pytest.raises(TypeError, match="cu_seqlens_q must have dtype int32; got int64"):
+        waveboost.attention_varlen(q, k, v, cu_q.astype(np.int64), cu_k)
+    with pytest.raises(TypeError, match="cu_seqlens_k must have dtype int32"):
+        waveboost.attention_varlen(q, k, v, cu_q, cu_k.astype(np.uint32), max_seqlen_k=5)
+    with pytest.raises(TypeError, match="seqused_k must have dtype int32"):
+        waveboost.attention_varlen(q, k, v, cu_q, cu_k, seqused_k=np.array([1, 1], dtype=np.int64))
+
+
+def test_shape_mismatches_name_the_argument(rng):
+    q, k, v, cu_q, cu_k = _small(rng)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k must have shape \(batch \+ 1,\) = \(3,\)"):
+        waveboost.attention_varlen(q, k, v, cu_q, cu_k[:2])
+    with pytest.raises(ValueError, match="q must be a 3-D tensor"):
+        waveboost.attention_varlen(q[None], k, v, cu_q, cu_k)
+    with pytest.raises(ValueError, match="v has shape"):
+        waveboost.attention_varlen(q, k, v[:8], cu_q, cu_k)
+    with pytest.raises(ValueError, match="head_dim"):
+        waveboost.attention_varlen(q, k[..., :4], v[..., :4], cu_q, cu_k)
+    with pytest.raises(ValueError, match=r"seqused_k must have shape \(batch,\)"):
+        waveboost.attention_varlen(q, k, v, cu_q, cu_k, seqused_k=np.zeros(3, np.int32))
+    with pytest.raises(ValueError, match="lse|out"):
+        waveboost.attention_varlen(q, k, v, cu_q, cu_k, out=np.empty((5, 2, 8), np.float32))
+    with pytest.raises(ValueError, match="cu_seqlens_k is required"):
+        waveboost.attention_varlen(q, k, v, cu_q, None)
+
+
+def test_paged_shape_errors(rng):
+    q = _packed(rng, 4, 2, 8, np.float32)
+    pages = rng.standard_normal((5, 4, 1, 8)).astype(np.float32)
+    cu_q = cu_seqlens([2, 2])
+    with pytest.raises(ValueError, match=r"block_table must have shape \(batch, max_pages\)"):
+        waveboost.attention_varlen(q, pages, pages, cu_q, None, block_table=np.zeros((3, 2), np.int32))
+    with pytest.raises(TypeError, match="block_table must have dtype int32"):
+        waveboost.attention_varlen(q, pages, pages, cu_q, None, block_table=np.zeros((2, 2), np.int64))
+    with pytest.raises(ValueError, match="k must be a 4-D tensor .*num_pages, page_size"):
+        waveboost.attention_varlen(q, pages[0], pages[0], cu_q, None, block_table=np.zeros((2, 2), np.int32))
+    empty_pages = np.zeros((5, 0, 1, 8), np.float32)
+    with pytest.raises(ValueError, match="page_size must be >= 1"):
+        waveboost.attention_varlen(q, empty_pages, empty_pages, cu_q, None, block_table=np.zeros((2, 2), np.int32))
+
+
+def test_validate_catches_bad_indices(rng):
+    q, k, v, cu_q, cu_k = _small(rng)
+    with pytest.raises(ValueError, match="cu_seqlens_q must be non-decreasing"):
+        waveboost.attention_varlen(q, k, v, np.array([0, 4, 2], np.int32), cu_k, validate=True)
+    with pytest.raises(ValueError, match="cu_seqlens_k must start at 0"):
+        waveboost.attention_varlen(q, k, v, cu_q, np.array([1, 4, 5], np.int32), validate=True)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k\[-1\] = 12 exceeds the 9 packed rows"):
+        waveboost.attention_varlen(q, k, v, cu_q, np.array([0, 4, 12], np.int32), validate=True)
+    with pytest.raises(ValueError, match="more than max_seqlen"):
+        waveboost.attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=3, validate=True)
+    with pytest.raises(ValueError, match=r"seqused_k\[1\] = 6 is outside \[0, 5\]"):
+        waveboost.attention_varlen(q, k, v, cu_q, cu_k, seqused_k=np.array([4, 6], np.int32), validate=True)
+    pages = rng.standard_normal((5, 4, 1, 8)).astype(np.float32)
+    table = np.array([[0, 1], [2, 5]], np.int32)
+    with pytest.raises(ValueError, match=r"block_table\[1, 1\] = 5 is not a page id in \[0, 5\)"):
+        waveboost.attention_varlen(q, pages, pages, cu_q, None, block_table=table, validate=True)
+    # Pages past a sequence's fill are never read, so they may hold anything (e.g. -1 padding).
+    used = np.array([8, 3], np.int32)
+    table[1, 1] = -1
+    waveboost.attention_varlen(q, pages, pages, cu_q, None, block_table=table, seqused_k=used, validate=True)
+
+
+def test_cpu_backend_checks_indices_without_validate(rng):
+    # The CPU path reads the indices anyway: a bad one is an error, never an out-of-bounds read.
+    q, k, v, cu_q, cu_k = _small(rng)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        waveboost.attention_varlen(q, k, v, np.array([0, 4, 2], np.int32), cu_k, max_seqlen_q=6)
+    with pytest.raises(ValueError, match="cu_seqlens_k must lie in"):
+        waveboost.attention_varlen(q, k, v, cu_q, np.array([0, 4, 12], np.int32), max_seqlen_k=12)
+    with pytest.raises(ValueError, match="more than max_seqlen_k"):
+        waveboost.attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_k=2)
+    pages = rng.standard_normal((5, 4, 1, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\] = 7"):
+        waveboost.attention_varlen(q, pages, pages, cu_q, None, block_table=np.array([[0, 7], [1, 2]], np.int32))
+
+
+def test_backends_without_sequence_layouts_refuse(rng):
+    q, k, v, cu_q, cu_k = _small(rng)
+    with pytest.raises(ValueError, match="backend"):
+        waveboost.attention_varlen(q, k, v, cu_q, cu_k, backend="mma")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        waveboost.attention_varlen(q, k, v, cu_q, cu_k, backend="fast")
+
+
+# ---- GPU -------------------------------------------------------------------------------------
+
+def _assert_half_rule(out, qkv, cu_q, cu_k, causal, seqused_k=None):
+    """max|out - ref| <= 2 max|same-dtype naive - ref| + atol, per sequence (torch CUDA tensors)."""
+    import torch
+
+    from reference import attention_ref_torch
+
+    q, k, v = qkv
+    got = out.double()
+    assert not bool(got.isnan().any()), "unwritten (NaN-poisoned) or NaN output rows"
+    err = naive_err = 0.0
+    scale = 1 / math.sqrt(q.shape[-1])
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b])
+        k1 = k0 + int(seqused_k[b]) if seqused_k is not None else int(cu_k[b + 1])
+        args = (q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, scale)
+        ref, _ = attention_ref_torch(*args)
+        naive, _ = attention_ref_torch(*args, dtype=q.dtype)
+        if q1 > q0:
+            err = max(err, float((got[q0:q1] - ref[0]).abs().max()))
+            naive_err = max(naive_err, float((naive[0].double() - ref[0]).abs().max()))
+    atol = 2e-4 if q.dtype == torch.float16 else 2e-3  # as tests/test_gpu.py
+    assert err <= 2 * naive_err + atol, f"max err {err:.3g} vs same-dtype naive {naive_err:.3g}"
+
+
+
+def _cuda_backend_or_skip(call, backend):
+    """Runs call(backend); skips (with can_implement's reason) when that backend refuses the layout."""
+    try:
+        return call(backend)
+    except ValueError as e:
+        message = str(e)
+        if "backend" in message and any(w in message for w in ("runs dense batches only", "not supported",
+                                                               "supports", "needs", "not implemented")):
+            pytest.skip(f"backend {backend!r} cannot run this layout: {message}")
+        raise
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_varlen(rng, backend, dtype, causal):
+    import torch
+
+    batch, heads, heads_kv, head_dim = 6, 8, 2, 128
+    lq, lk = _lengths(rng, batch, 257), _lengths(rng, batch, 1025)
+    cu_q, cu_k = cu_seqlens(lq), cu_seqlens(lk)
+    q = _packed(rng, cu_q[-1], heads, head_dim, np.float32)
+    k, v = (_packed(rng, cu_k[-1], heads_kv, head_dim, np.float32) for _ in range(2))
+    tdtype = getattr(torch, dtype)
+    dev = [torch.from_numpy(x).to("cuda", tdtype) for x in (q, k, v)]
+    idx = [torch.from_numpy(x).cuda() for x in (cu_q, cu_k)]
+    out = torch.full_like(dev[0], float("nan"))
+    _cuda_backend_or_skip(lambda b: waveboost.attention_varlen(
+        *dev, *idx, max_seqlen_q=int(lq.max()), max_seqlen_k=int(lk.max()), causal=causal, out=out,
+        backend=b), backend)
+    torch.cuda.synchronize()
+    _assert_half_rule(out, dev, cu_q, cu_k, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_gpu_paged_varlen(rng, backend, page_size):
+    import torch
+
+    batch, heads, heads_kv, head_dim = 3, 8, 2, 128
+    max_len = page_size * 4
+    cache = rng.standard_normal((batch, max_len, heads_kv, head_dim)).astype(np.float32)
+    pages, table = paged_from_contiguous(rng, cache, page_size)
+    used = np.array([0, 1, max_len - 3], np.int32)
+    lq = np.array([1, 1, 5])
+    cu_q = cu_seqlens(lq)
+    q = _packed(rng, cu_q[-1], heads, head_dim, np.float32)
+    tq, tp = (torch.from_numpy(x).to("cuda", torch.bfloat16) for x in (q, pages))
+    out = torch.full_like(tq, float("nan"))
+    _cuda_backend_or_skip(lambda b: waveboost.attention_varlen(
+        tq, tp, tp, torch.from_numpy(cu_q).cuda(), None, max_seqlen_q=5, block_table=torch.from_numpy(table).cuda(),
+        seqused_k=torch.from_numpy(used).cuda(), causal=True, out=out, backend=b), backend)
+    torch.cuda.synchronize()
+    flat = torch.stack([torch.cat([tp[int(p)] for p in table[b]]) for b in range(batch)]).flatten(0, 1)
+    _assert_half_rule(out, (tq, flat, flat), cu_q, np.arange(batch + 1) * max_len, True, seqused_k=used)
+
+
+def test_default_scale_is_inverse_sqrt_head_dim(rng):
+    q, k, v, cu_q, cu_k = _small(rng)
+    a = waveboost.attention_varlen(q, k, v, cu_q, cu_k)
+    b = waveboost.attention_varlen(q, k, v, cu_q, cu_k, softmax_scale=1 / math.sqrt(8))
+    np.testing.assert_array_equal(a, b)
+
+
+# ---- properties ------------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    batch=st.integers(1, 5),
+    heads_kv=st.sampled_from([1, 2, 3]),
+    group=st.sampled_from([1, 2, 4]),
+    head_dim=st.integers(1, 40),
+    page_size=st.integers(1, 17),
+    causal=st.booleans(),
+)
+def test_paged_varlen_property(data, batch, heads_kv, group, head_dim, page_size, causal):
+    # Random query and key lengths (0 included), a paged cache with pages in random order and
+    # spare pages, every layout equal to the per-sequence float64 reference.
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    lq = np.array(data.draw(st.lists(st.integers(0, 20), min_size=batch, max_size=batch)))
+    used = np.array(data.draw(st.lists(st.integers(0, 40), min_size=batch, max_size=batch)), dtype=np.int32)
+    max_pages = max(1, -(-int(used.max()) // page_size))
+    heads = heads_kv * group
+    cache_k = rng.standard_normal((batch, max_pages * page_size, heads_kv, head_dim))
+    cache_v = rng.standard_normal((batch, max_pages * page_size, heads_kv, head_dim))
+    k_pages, table = paged_from_contiguous(rng, cache_k, page_size)
+    v_pages = rng.standard_normal(k_pages.shape)
+    for b in range(batch):
+        for i in range(max_pages):
+            v_pages[table[b, i]] = cache_v[b, i * page_size:(i + 1) * page_size]
+    cu_q = cu_seqlens(lq)
+    q = rng.standard_normal((int(cu_q[-1]), heads, head_dim))
+    out = np.full_like(q, np.nan)
+    _, lse = waveboost.attention_varlen(q, k_pages, v_pages, cu_q, None, block_table=table, seqused_k=used,
+                                        causal=causal, out=out, return_lse=True, validate=True)
+    cap = max_pages * page_size
+    ref, ref_lse = attention_varlen_ref(q, cache_k.reshape(-1, heads_kv, head_dim),
+                                        cache_v.reshape(-1, heads_kv, head_dim), cu_q,
+                                        np.arange(batch + 1) * cap, causal=causal, seqused_k=used)
+    _check(out, lse, ref, ref_lse, np.float64, int(cu_q[-1]))
+    # The same keys packed (varlen k) give the same result.
+    cu_k = cu_seqlens(used)
+    packed_k = np.concatenate([cache_k[b, :used[b]] for b in range(batch)]) if cu_k[-1] else cache_k[0, :0]
+    packed_v = np.concatenate([cache_v[b, :used[b]] for b in range(batch)]) if cu_k[-1] else cache_v[0, :0]
+    packed = waveboost.attention_varlen(q, packed_k, packed_v, cu_q, cu_k, causal=causal)
+    np.testing.assert_allclose(packed, out, rtol=1e-12, atol=1e-12)
