@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from . import _waveboost
 
-BACKENDS = ("auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma")
+BACKENDS = ("auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma", "decode")
 
 
 class _Adapter(NamedTuple):
