@@ -194,9 +194,10 @@ def gpu():
 
 DTYPES = {"fp16": jnp.float16, "bf16": jnp.bfloat16, "fp32": jnp.float32}
 ATOL = {"fp16": 2e-4, "bf16": 2e-3, "fp32": None}
-# wmma and wgmma are half-precision paths by design; their fp32 refusal is tested in test_gpu.py.
+# wmma, wgmma and decode are half-precision paths by design; their fp32 refusal is tested in test_gpu.py
+# and test_decode_gpu.py.
 GPU_CASES = [(p, n, d) for p in waveboost.BACKENDS if p != "cpu" for n in DTYPES for d in (64, 128)
-             if not (p in ("wmma", "wgmma") and n == "fp32")]
+             if not (p in ("wmma", "wgmma", "decode") and n == "fp32")]
 
 
 @pytest.mark.gpu

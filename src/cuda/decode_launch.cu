@@ -38,15 +38,17 @@ int64_t decode_row_tiles(const AttentionParams& p) {
 }
 
 // Pieces to cut each block's keys into. The grid without splits has batch x kv heads x row
-// tiles blocks; when that leaves SMs without a block, the keys are cut so that the pieces fill
-// one wave (kDecodeBlocksPerSM per SM), each piece at least one key tile of the longest
-// sequence. A grid that gives every SM a block is left whole: it streams the cache at full
-// speed already, and a combine would only add traffic and a launch.
+// tiles blocks; when that is under kDecodeBlocksPerSM per SM, the keys are cut so that the pieces
+// fill one wave of kDecodeBlocksPerSM per SM, each piece at least one key tile of the longest
+// sequence. On an H100 one block per SM (two K/V stages in flight, 64 KB) streams a cache at
+// 85% of peak bandwidth, two at 90% (benchmarks/decode_bench.py, B = 16 vs 64 at 8 kv heads).
+// A grid of a full wave or more is left whole: the combine would only add traffic and a launch.
 int decode_splits(const AttentionParams& p, int multiprocessors) {
   const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
-  if (blocks <= 0 || blocks >= multiprocessors) return 1;
+  const int64_t slots = int64_t{kDecodeBlocksPerSM} * multiprocessors;
+  if (blocks <= 0 || blocks >= slots) return 1;
   const int64_t key_tiles = (p.seqlen_k + decode_block_n(p.head_dim) - 1) / decode_block_n(p.head_dim);
-  int64_t splits = int64_t{kDecodeBlocksPerSM} * multiprocessors / blocks;
+  int64_t splits = slots / blocks;
   splits = splits < key_tiles ? splits : key_tiles;
   splits = splits < kMaxDecodeSplits ? splits : kMaxDecodeSplits;
   return splits > 1 ? static_cast<int>(splits) : 1;

@@ -101,6 +101,14 @@ __device__ __forceinline__ MergedRow merge_warps(const float* m_smem, const floa
   return row;
 }
 
+// 16 B global -> shared copy (zero-filled when !valid) that also asks L2 to fetch the whole
+// 256 B around it: a K/V row of one head is 128 or 256 contiguous bytes, read by 8 or 16 threads.
+__device__ __forceinline__ void copy_row_chunk(uint32_t smem_addr, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
 template <typename Traits>
 __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSplit& split) {
   using Element = typename Traits::Element;
@@ -181,8 +189,8 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
       if (valid) valid = kv.locate(j, k_off, v_off);
       if (!valid) k_off = v_off = 0;
       const int at = tile_offset<Traits>(r, chunk);
-      mma::copy_async_16B(mma::shared_address(k_tile + at), k_gmem + k_off + chunk * Traits::kChunk, valid);
-      mma::copy_async_16B(mma::shared_address(v_tile + at), v_gmem + v_off + chunk * Traits::kChunk, valid);
+      copy_row_chunk(mma::shared_address(k_tile + at), k_gmem + k_off + chunk * Traits::kChunk, valid);
+      copy_row_chunk(mma::shared_address(v_tile + at), v_gmem + v_off + chunk * Traits::kChunk, valid);
     }
   };
 

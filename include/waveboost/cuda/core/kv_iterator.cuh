@@ -75,6 +75,7 @@ struct KVAddress {
   int64_t k_page_stride = 0, v_page_stride = 0;
   int64_t page_size = 1;
   int64_t num_pages = 0;
+  int page_shift = -1;  // log2(page_size) when it is a power of two: shifts instead of 64-bit divisions
 
   __device__ __forceinline__ static KVAddress of(const AttentionParams& p, const SequenceInfo& seq, int64_t b,
                                                  int64_t h_kv) {
@@ -89,6 +90,7 @@ struct KVAddress {
       a.v_page_stride = p.v_batch_stride;
       a.page_size = p.page_size;
       a.num_pages = p.num_pages;
+      if ((p.page_size & (p.page_size - 1)) == 0) a.page_shift = __ffsll(p.page_size) - 1;
     } else if (p.cu_seqlens_k != nullptr) {
       a.k_base += seq.k_start * p.k_row_stride;
       a.v_base += seq.k_start * p.v_row_stride;
@@ -107,8 +109,8 @@ struct KVAddress {
       v_off = v_base + j * v_row_stride;
       return true;
     }
-    const int64_t page = __ldg(table_row + j / page_size);
-    const int64_t row = j % page_size;
+    const int64_t page = __ldg(table_row + (page_shift >= 0 ? j >> page_shift : j / page_size));
+    const int64_t row = page_shift >= 0 ? j & (page_size - 1) : j % page_size;
     k_off = k_base + page * k_page_stride + row * k_row_stride;
     v_off = v_base + page * v_page_stride + row * v_row_stride;
     return page >= 0 && page < num_pages;
