@@ -5,8 +5,8 @@
 >>> out = waveboost.attention(q, q, q, causal=True)
 """
 
-from ._api import BACKENDS, attention, info, resolve_backend
+from ._api import BACKENDS, attention, flash_attn_func, info, resolve_backend
 
 __version__ = info()["version"]
 
-__all__ = ["BACKENDS", "attention", "info", "resolve_backend", "__version__"]
+__all__ = ["BACKENDS", "attention", "flash_attn_func", "info", "resolve_backend", "__version__"]

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _waveboost
-from ._api import BACKENDS
+from ._api import BACKENDS, check_flag
 
 __all__ = ["TARGET_NAME", "attention", "ffi_available"]
 
@@ -151,6 +151,7 @@ def attention(
     softmax_scale = float(softmax_scale)
     if not math.isfinite(softmax_scale):
         raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
-    out, lse = _attention_call(q, k, v, causal=bool(causal), softmax_scale=softmax_scale, backend=backend)
+    out, lse = _attention_call(q, k, v, causal=check_flag(causal, "causal"), softmax_scale=softmax_scale,
+                               backend=backend)
     return (out, lse) if return_lse else out
 
