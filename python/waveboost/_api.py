@@ -118,8 +118,6 @@ def _check_numpy_array(x: Any, arg: str) -> Any:
     """NumPy arrays whose meaning DLPack cannot carry are refused rather than misread."""
     import numpy as np
 
-    if not isinstance(x, np.ndarray):  # another DLPack producer mixed with NumPy arrays
-        return x
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(f"{arg} is a NumPy masked array, whose mask waveboost would ignore; pass "
                         f"np.asarray({arg}) (mask dropped) or {arg}.filled(value) if that is what you mean")
@@ -130,20 +128,30 @@ def _check_numpy_array(x: Any, arg: str) -> Any:
 
 
 def _dlpack_adapter() -> _Adapter:
-    # Any other object speaking DLPack (__dlpack__ and __dlpack_device__): read in place through
-    # the protocol; outputs can be allocated only for host data, where they are NumPy arrays.
+    # Any other object speaking DLPack (__dlpack__ and __dlpack_device__). Such inputs are read
+    # as zero-copy NumPy views (_host_view) before any adapter work, so this one only marks them.
+    def unreachable(*args):
+        raise AssertionError("generic DLPack producers are converted to NumPy views first")
+
+    return _Adapter("dlpack", unreachable, unreachable, unreachable, unreachable)
+
+
+def _host_view(x: Any, arg: str) -> Any:
+    """A generic DLPack producer in host memory as a zero-copy NumPy view; other arrays unchanged."""
+    if x is None or _adapter_for(x, arg).name != "dlpack":
+        return x
     import numpy as np
 
-    def empty(like, shape, dtype):
-        device_type, device_id = like.__dlpack_device__()
-        if int(device_type) != 1:  # kDLCPU
-            raise TypeError(
-                f"q is a {type(like).__module__}.{type(like).__qualname__} on DLPack device "
-                f"({int(device_type)}, {int(device_id)}): waveboost allocates outputs for NumPy, PyTorch, CuPy and "
-                "JAX arrays, and for other DLPack producers only in host memory; pass a supported framework's array")
-        return np.empty(shape, dtype=np.from_dlpack(like).dtype if dtype == "like" else np.float32)
-
-    return _Adapter("dlpack", empty, lambda x: 0, _check_numpy_array, _noop_finish)
+    device_type, device_id = x.__dlpack_device__()
+    if int(device_type) != 1:  # kDLCPU
+        raise TypeError(
+            f"{arg} is a {type(x).__module__}.{type(x).__qualname__} on DLPack device ({int(device_type)}, "
+            f"{int(device_id)}): waveboost takes NumPy, PyTorch, CuPy and JAX arrays anywhere, and other DLPack "
+            "producers only in host memory (read as NumPy views; results are NumPy arrays)")
+    try:
+        return np.from_dlpack(x)
+    except (BufferError, TypeError, ValueError) as e:
+        raise TypeError(f"{arg} cannot be read through DLPack as a NumPy view: {e}") from None
 
 
 _ADAPTER_FACTORIES = {"numpy": _numpy_adapter, "torch": _torch_adapter, "cupy": _cupy_adapter,
@@ -180,11 +188,6 @@ def _raise_not_dlpack(named: Any) -> None:
             dtype = getattr(x, "dtype", None)
             raise TypeError(f"{name} (dtype {dtype}) cannot be passed through DLPack ({e}); waveboost takes "
                             "float16, bfloat16, float32 and float64 arrays") from None
-
-
-def _same_framework(a: _Adapter, b: _Adapter) -> bool:
-    # Generic DLPack producers live in host memory (outputs are NumPy arrays), so they mix with NumPy.
-    return a.name == b.name or {a.name, b.name} == {"numpy", "dlpack"}
 
 
 def check_flag(value: Any, arg: str) -> bool:
@@ -243,6 +246,7 @@ def attention(
     check_backend(backend)
     causal = check_flag(causal, "causal")
     return_lse = check_flag(return_lse, "return_lse")
+    q, k, v, out = (_host_view(t, name) for name, t in (("q", q), ("k", k), ("v", v), ("out", out)))
     if softmax_scale is not None:
         if isinstance(softmax_scale, (bool, str, bytes)) or not hasattr(softmax_scale, "__float__"):
             raise TypeError(f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}")
@@ -252,7 +256,7 @@ def attention(
     adapter = _adapter_for(q, "q")
     for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
         other = _adapter_for(t, name)
-        if not _same_framework(other, adapter):
+        if other.name != adapter.name:
             raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
     if adapter.name == "jax":
         from . import jax as waveboost_jax
@@ -288,10 +292,11 @@ def resolve_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: st
     """The backend ``attention`` would run for these tensors; ValueError says why if none can."""
     check_backend(backend)
     causal = check_flag(causal, "causal")
+    q, k, v = (_host_view(t, name) for name, t in (("q", q), ("k", k), ("v", v)))
     adapter = _adapter_for(q, "q")
     for name, t in (("k", k), ("v", v)):
         other = _adapter_for(t, name)
-        if not _same_framework(other, adapter):
+        if other.name != adapter.name:
             raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
     prep = adapter.prepare
     args = (prep(q, "q"), prep(k, "k"), prep(v, "v"))
