@@ -1,8 +1,11 @@
 // The C++ API: generic validation, backend selection and dispatch to the paths.
 #include "waveboost/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "cpu/cpu_attention.h"
 #ifdef WAVEBOOST_WITH_CUDA
@@ -189,6 +192,58 @@ Status validate(const AttentionParams& p) {
       break;
     default:
       return Status::InvalidArgument("dtype is not one of float16, bfloat16, float32, float64");
+  }
+  // Strides. Each (row, head) holds head_dim contiguous elements, so a stride of a dimension of
+  // extent > 1 is either 0 (a broadcast, fine to read) or at least head_dim in magnitude; anything
+  // in between makes neighbouring rows or heads share elements, which no framework's tensor does
+  // (e.g. q_row_stride = 1 from a transposed or mistyped layout).
+  const auto check_strides = [&](const char* name, std::initializer_list<std::pair<int64_t, int64_t>> dims,
+                                 std::initializer_list<const char*> names, bool is_output) -> Status {
+    int64_t span = p.head_dim - 1;  // elements spanned by the dimensions checked so far, for outputs
+    std::vector<std::pair<int64_t, int64_t>> sorted;  // (|stride|, extent)
+    auto name_it = names.begin();
+    for (auto [stride, extent] : dims) {
+      const char* field = *name_it++;
+      if (extent <= 1) continue;
+      const int64_t magnitude = stride < 0 ? -stride : stride;
+      if ((magnitude != 0 || is_output) && magnitude < p.head_dim)
+        return Status::InvalidArgument(std::string(name) + "_" + field + "_stride is " + str(stride) + " but head_dim is " +
+                                       str(p.head_dim) + ": neighbouring " + (field == std::string("batch") ? "batche" : field) + "s would share elements (a stride "
+                                       "of a dimension of extent > 1 must be " + (is_output ? "" : "0 or ") +
+                                       "at least head_dim in magnitude)");
+      sorted.emplace_back(magnitude, extent);
+    }
+    if (!is_output) return Status::Ok();
+    // The output is written once per element: its dimensions must not overlap one another either.
+    std::sort(sorted.begin(), sorted.end());
+    for (auto [magnitude, extent] : sorted) {
+      if (magnitude <= span)
+        return Status::InvalidArgument(std::string(name) + " strides (batch " + str(p.o_batch_stride) + ", row " +
+                                       str(p.o_row_stride) + ", head " + str(p.o_head_stride) +
+                                       ") make distinct elements share memory; the output must not overlap itself");
+      span += magnitude * (extent - 1);
+    }
+    return Status::Ok();
+  };
+  if (any_output) {
+    // Varlen q and out pack sequences along rows (batch stride unused); paged k and v step pages.
+    const int64_t q_batches = p.is_varlen_q() ? 1 : p.batch;
+    const int64_t kv_batches = p.is_paged() ? p.num_pages : (p.is_varlen_k() ? 1 : p.batch);
+    const int64_t kv_rows = p.is_paged() ? p.page_size : p.seqlen_k;
+    if (Status s = check_strides("q", {{p.q_batch_stride, q_batches}, {p.q_row_stride, p.seqlen_q}, {p.q_head_stride, p.heads}},
+                                 {"batch", "row", "head"}, false); !s.ok())
+      return s;
+    if (reads_kv) {
+      if (Status s = check_strides("k", {{p.k_batch_stride, kv_batches}, {p.k_row_stride, kv_rows}, {p.k_head_stride, p.heads_kv}},
+                                   {"batch", "row", "head"}, false); !s.ok())
+        return s;
+      if (Status s = check_strides("v", {{p.v_batch_stride, kv_batches}, {p.v_row_stride, kv_rows}, {p.v_head_stride, p.heads_kv}},
+                                   {"batch", "row", "head"}, false); !s.ok())
+        return s;
+    }
+    if (Status s = check_strides("o", {{p.o_batch_stride, q_batches}, {p.o_row_stride, p.seqlen_q}, {p.o_head_stride, p.heads}},
+                                 {"batch", "row", "head"}, true); !s.ok())
+      return s;
   }
   if (p.is_paged()) {
     if (p.page_size < 1) return Status::InvalidArgument("page_size must be >= 1 with a block_table; got " + str(p.page_size));

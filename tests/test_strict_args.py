@@ -125,3 +125,23 @@ def test_objects_without_dlpack_are_refused(rng):
     q, k, v = random_qkv(rng, 1, 8, 8, 2, 2, 16)
     with pytest.raises(TypeError, match=r"q must be a NumPy, PyTorch, CuPy or JAX array, or an object with __dlpack__"):
         waveboost.attention(q.tolist(), k, v)
+
+
+@pytest.mark.parametrize(
+    "strides,field",
+    [((0, 8, 200, 1), "q_row_stride is 8 but head_dim is 16"), ((400, 16, 4, 1), "q_head_stride is 4 but head_dim is 16")],
+)
+def test_inputs_with_overlapping_rows_or_heads_are_refused(rng, strides, field):
+    base = rng.standard_normal(4096).astype(np.float32)
+    q = np.lib.stride_tricks.as_strided(base, (1, 9, 2, 16), tuple(s * 4 for s in strides))
+    _, k, v = random_qkv(rng, 1, 9, 9, 2, 2, 16)
+    with pytest.raises(ValueError, match=field):
+        waveboost.attention(q, k, v)
+    with pytest.raises(ValueError, match=field):
+        waveboost.resolve_backend(q, k, v)
+
+
+def test_broadcast_query_resolves(rng):
+    _, k, v = random_qkv(rng, 1, 9, 9, 2, 2, 16)
+    q = np.broadcast_to(k[:, :1], (1, 9, 2, 16))
+    assert waveboost.resolve_backend(q, k, v) == "cpu"

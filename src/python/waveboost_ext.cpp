@@ -232,6 +232,8 @@ AttentionParams make_params(const InputTensor& q, const InputTensor& k, const In
   p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
   p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
   p.o_batch_stride = out.stride(0), p.o_row_stride = out.stride(1), p.o_head_stride = out.stride(2);
+  if (!out_ptr)  // no output: describe the contiguous one a call would allocate, not q's (maybe broadcast) strides
+    p.o_head_stride = q.shape(3), p.o_row_stride = q.shape(2) * q.shape(3), p.o_batch_stride = q.shape(1) * p.o_row_stride;
 
   if (lse) {
     const InputTensor& l = *lse;
