@@ -228,6 +228,11 @@ const char* version();
 bool cuda_compiled();
 // Comma-separated CMAKE_CUDA_ARCHITECTURES the library was built for, e.g. "80,90" ("" without CUDA).
 const char* cuda_architectures();
+// The instruction set the CPU path runs with on this machine: "avx512", "avx2" (with FMA) or
+// "baseline"; the environment variable WAVEBOOST_CPU_ISA=avx2|baseline caps it.
+const char* cpu_isa();
+// Threads the CPU path uses: WAVEBOOST_NUM_THREADS when set to a positive integer, else the hardware's count.
+int cpu_num_threads();
 // CUDA devices visible to this process: 0 without CUDA support, a driver or a GPU (never an error).
 int cuda_device_count();
 // e.g. "NVIDIA H100 80GB HBM3, compute capability 9.0"; empty when `device` does not exist.

@@ -310,7 +310,8 @@ def resolve_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: st
 
 
 def info() -> dict:
-    """Version, CUDA build facts, the GPUs seen and the backends this machine can run (on GPU 0)."""
+    """Version, CUDA build facts, the GPUs seen, the backends this machine can run (on GPU 0), and the
+    CPU path's instruction set ("avx512", "avx2" or "baseline") and thread count."""
     gpus = [_waveboost.cuda_device_description(i) for i in range(_waveboost.cuda_device_count())]
     backends = ["cpu"]
     if gpus:
@@ -322,6 +323,8 @@ def info() -> dict:
         "gpus": gpus,
         "gpu": gpus[0] if gpus else None,
         "backends": backends,
+        "cpu_isa": _waveboost.cpu_isa(),
+        "cpu_threads": _waveboost.cpu_num_threads(),
     }
 
 

@@ -19,6 +19,8 @@ class Info(TypedDict):
     gpus: list[str]
     gpu: Optional[str]
     backends: list[ResolvedBackend]
+    cpu_isa: Literal["avx512", "avx2", "baseline"]
+    cpu_threads: int
 
 def check_flag(value: Any, arg: str) -> bool: ...
 def check_backend(backend: Any) -> BackendName: ...

@@ -323,5 +323,7 @@ NB_MODULE(_waveboost, m) {
   m.def("cuda_compiled", &waveboost::cuda_compiled);
   m.def("cuda_architectures", &waveboost::cuda_architectures);
   m.def("cuda_device_count", &waveboost::cuda_device_count);
+  m.def("cpu_isa", &waveboost::cpu_isa);
+  m.def("cpu_num_threads", &waveboost::cpu_num_threads);
   m.def("cuda_device_description", &waveboost::cuda_device_description, nb::arg("device"));
 }
