@@ -7,8 +7,11 @@ and hands DLPack-capable tensors to the compiled module.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple, Optional
+
+import numpy as np  # the one runtime dependency
 
 from . import _waveboost
 
@@ -116,8 +119,8 @@ def _jax_adapter() -> _Adapter:
 
 def _check_numpy_array(x: Any, arg: str) -> Any:
     """NumPy arrays whose meaning DLPack cannot carry are refused rather than misread."""
-    import numpy as np
-
+    if type(x) is np.ndarray and x.dtype.isnative:  # the common case, first and cheap
+        return x
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(f"{arg} is a NumPy masked array, whose mask waveboost would ignore; pass "
                         f"np.asarray({arg}) (mask dropped) or {arg}.filled(value) if that is what you mean")
@@ -246,7 +249,9 @@ def attention(
     check_backend(backend)
     causal = check_flag(causal, "causal")
     return_lse = check_flag(return_lse, "return_lse")
-    q, k, v, out = (_host_view(t, name) for name, t in (("q", q), ("k", k), ("v", v), ("out", out)))
+    if not (type(k) is type(q) and type(v) is type(q) and (out is None or type(out) is type(q))) or \
+            _adapter_for(q, "q").name == "dlpack":  # the common case (one array type, a known one) skips this
+        q, k, v, out = (_host_view(t, name) for name, t in (("q", q), ("k", k), ("v", v), ("out", out)))
     if softmax_scale is not None:
         if isinstance(softmax_scale, (bool, str, bytes)) or not hasattr(softmax_scale, "__float__"):
             raise TypeError(f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}")
@@ -336,16 +341,21 @@ def info() -> dict:
 def _is_host_half(adapter: _Adapter, q: Any, k: Any, v: Any, out: Any) -> bool:
     """fp16/bf16 NumPy or PyTorch host arrays, all of one dtype (mismatches go on to the usual error)."""
     if adapter.name == "torch":
-        import torch
-
-        if q.device.type != "cpu" or q.dtype not in (torch.float16, torch.bfloat16):
+        if q.dtype not in _torch_half_dtypes() or not q.is_cpu:
             return False
     elif adapter.name == "numpy":
-        if str(q.dtype) not in ("float16", "bfloat16"):  # bfloat16: ml_dtypes' NumPy dtype
+        if q.dtype.itemsize != 2 or q.dtype.name not in ("float16", "bfloat16"):  # bfloat16: ml_dtypes' NumPy dtype
             return False
     else:
         return False
     return all(t is None or (type(t) is type(q) and t.dtype == q.dtype) for t in (k, v, out))
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_half_dtypes() -> tuple:
+    import torch
+
+    return (torch.float16, torch.bfloat16)
 
 
 def _attention_host_half(adapter: _Adapter, q: Any, k: Any, v: Any, causal: bool, softmax_scale: Optional[float],
