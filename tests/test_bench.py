@@ -318,3 +318,11 @@ def test_steady_flags_are_real_false_in_json(tmp_path):
     assert main(TINY + ["--impls", "numpy", "--out", str(out), "--no-charts", "--spread-threshold", "1000"]) == 0
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert all(r["unstable"] is False and "retimed" not in r for r in rows)
+
+
+def test_header_states_the_work_of_the_grid(tmp_path, capsys):
+    assert main(TINY + ["--impls", "numpy", "--out", str(tmp_path / "run"), "--no-charts"]) == 0
+    cases = grid.expand("quick", "cpu", seqlens=(16, 33), heads=(4,), kv_heads=(2,), head_dims=(8,),
+                        causal=(False, True))
+    gflop = sum(c.flops for c in cases) / 1e9
+    assert f"grid: 4 cells, {gflop:.4g} GFLOP per implementation (preset quick)" in capsys.readouterr().out

@@ -181,3 +181,17 @@ def test_flash_attn_func_refuses_unsupported_features_by_name(rng, kwargs, error
 def test_flash_attn_func_accepts_deterministic(rng):
     q, k, v = random_qkv(rng, 1, 8, 8, 4, 4, 16)
     assert np.array_equal(waveboost.flash_attn_func(q, k, v, deterministic=True), waveboost.attention(q, k, v))
+
+
+def test_sdpa_compiles_fullgraph_on_the_cpu(rng):
+    torch = pytest.importorskip("torch", reason="waveboost.torch needs PyTorch")
+    import waveboost.torch as wt
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: wt.scaled_dot_product_attention(q, k, v, is_causal=True),
+                             fullgraph=True, backend="aot_eager")  # fullgraph: a graph break raises
+    for lq, lk in ((9, 9), (5, 9), (9, 5)):  # the three rewrites: plain, first keys, two calls
+        q = torch.from_numpy(rng.standard_normal((1, 2, lq, 16)).astype(np.float32))
+        k = torch.from_numpy(rng.standard_normal((1, 2, lk, 16)).astype(np.float32))
+        out = compiled(q, k, k)
+        assert max_abs_err(out.numpy(), top_left_ref(q.numpy(), k.numpy(), k.numpy(), True)) < 1e-5

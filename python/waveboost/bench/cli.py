@@ -156,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
                          "budget_ms": settings.budget_s * 1e3, "mem_limit_gb": settings.mem_limit_bytes / 1e9,
                          "seed": settings.seed, "tolerance": measure.TOLERANCE, "warmup_calls": measure.WARMUP_CALLS,
                          "min_reps": measure.MIN_REPS, "cells": len(cases),
-                         "spread_threshold": settings.spread_threshold}}
+                         "spread_threshold": settings.spread_threshold},
+            # The work each implementation faces: divide by a rate to estimate the run's length.
+            "gflop_per_impl": sum(c.flops for c in cases) / 1e9}
 
     use_rich = impls.module("rich") is not None and not args.plain
     flush = mempool = None

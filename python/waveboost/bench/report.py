@@ -107,6 +107,9 @@ def header_lines(meta: dict) -> list[str]:
              f"{info.get('cpu_threads', '?')} threads"
              + (f"; torch {env['versions'].get('torch')} with {env['torch_threads']} threads"
                 if env.get("torch_threads") else "")]
+    if meta.get("gflop_per_impl") is not None:
+        lines.append(f"grid: {settings['cells']} cells, {meta['gflop_per_impl']:.4g} GFLOP per implementation "
+                     f"(preset {settings['preset']})")
     baseline = settings["baseline"]
     lines.append(f"speedup = {baseline} time / implementation time (--baseline to change)" if baseline
                  else "no speedups: the baseline did not run (pick one with --baseline)")
