@@ -43,8 +43,23 @@ def test_torch_and_jax_entry_points_check_causal(rng):
     torch = pytest.importorskip("torch", reason="the torch entry point needs PyTorch")
     import waveboost.torch as wt
 
+    args = [torch.from_numpy(x) for x in (q, k, v)]
     with pytest.raises(TypeError, match=r"causal must be a bool; got str"):
-        wt.attention(*(torch.from_numpy(x) for x in (q, k, v)), causal="no")
+        wt.attention(*args, causal="no")
+    with pytest.raises(TypeError, match=r"return_lse must be a bool; got int"):
+        wt.attention(*args, return_lse=1)
+    with pytest.raises(TypeError, match=r"softmax_scale must be a float or None; got str"):
+        wt.attention(*args, softmax_scale="0.1")
+    with pytest.raises(ValueError, match=r"softmax_scale must be a finite number; got inf"):
+        wt.attention(*args, softmax_scale=float("inf"))
+    with pytest.raises(TypeError, match=r"backend must be a str"):
+        wt.attention(*args, backend=None)
+    jax_numpy = pytest.importorskip("jax.numpy", reason="the JAX entry point needs jax")
+    import waveboost.jax as wj
+
+    if wj.ffi_available():
+        with pytest.raises(TypeError, match=r"causal must be a bool; got str"):
+            wj.attention(*(jax_numpy.asarray(x) for x in (q, k, v)), causal="no")
 
 
 @pytest.mark.parametrize("backend,error", [(None, TypeError), (3, TypeError), ("flash", ValueError)])

@@ -202,6 +202,18 @@ def check_flag(value: Any, arg: str) -> bool:
     raise TypeError(f"{arg} must be a bool; got {type(value).__name__} {value!r}")
 
 
+def check_softmax_scale(softmax_scale: Any) -> Optional[float]:
+    """None, or a finite real number as a float (a bool, a string or inf is an error)."""
+    if softmax_scale is None:
+        return None
+    if isinstance(softmax_scale, (bool, str, bytes)) or not hasattr(softmax_scale, "__float__"):
+        raise TypeError(f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}")
+    softmax_scale = float(softmax_scale)
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    return softmax_scale
+
+
 def check_backend(backend: Any) -> str:
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, one of {BACKENDS}; got {type(backend).__name__}")
@@ -252,12 +264,7 @@ def attention(
     if not (type(k) is type(q) and type(v) is type(q) and (out is None or type(out) is type(q))) or \
             _adapter_for(q, "q").name == "dlpack":  # the common case (one array type, a known one) skips this
         q, k, v, out = (_host_view(t, name) for name, t in (("q", q), ("k", k), ("v", v), ("out", out)))
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, (bool, str, bytes)) or not hasattr(softmax_scale, "__float__"):
-            raise TypeError(f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}")
-        softmax_scale = float(softmax_scale)
-        if not math.isfinite(softmax_scale):
-            raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    softmax_scale = check_softmax_scale(softmax_scale)
     adapter = _adapter_for(q, "q")
     for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
         other = _adapter_for(t, name)

@@ -73,9 +73,10 @@ def attention(
     and CUDA graphs reason about it. ``lse`` is always computed (float32 (batch, heads, seqlen_q),
     a small fraction of the work) and returned when ``return_lse`` is true.
     """
-    if softmax_scale is not None:
-        softmax_scale = float(softmax_scale)
-    out, lse = torch.ops.waveboost.attention(q, k, v, _api.check_flag(causal, "causal"), softmax_scale, backend)
+    softmax_scale = _api.check_softmax_scale(softmax_scale)
+    return_lse = _api.check_flag(return_lse, "return_lse")
+    out, lse = torch.ops.waveboost.attention(q, k, v, _api.check_flag(causal, "causal"), softmax_scale,
+                                             _api.check_backend(backend))
     return (out, lse) if return_lse else out
 
 
