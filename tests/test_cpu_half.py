@@ -69,3 +69,18 @@ def test_half_mistakes_still_raise(rng):
         waveboost.attention(q, k, v, out=np.empty((1, 8, 2, 16), np.float16))
     with pytest.raises(ValueError, match=r"backend 'naive'"):
         waveboost.attention(q, k, v, backend="naive")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_eager_jax_cpu_half(rng, dtype):
+    jnp = pytest.importorskip("jax.numpy", reason="the JAX round needs jax")
+    q, k, v = random_qkv(rng, 2, 33, 21, 4, 2, 32)
+    args = [jnp.asarray(x).astype(dtype) for x in (q, k, v)]
+    out, lse = waveboost.attention(*args, causal=True, return_lse=True)
+    assert out.dtype == jnp.dtype(dtype) and lse.dtype == jnp.float32
+    ref_out, ref_lse = attention_ref(*(np.asarray(x, np.float32) for x in args), causal=True)
+    naive = attention_ref(*(np.asarray(x, np.float32) for x in args), causal=True, dtype=np.float32)[0]
+    naive = np.asarray(jnp.asarray(naive).astype(dtype), np.float32)  # fp32 math, rounded once to the half dtype
+    assert max_abs_err(np.asarray(out, np.float32), ref_out) <= 2 * max_abs_err(naive, ref_out) + 1e-3
+    finite = np.isfinite(ref_lse)
+    assert max_abs_err(np.asarray(lse)[finite], ref_lse[finite]) < 1e-4

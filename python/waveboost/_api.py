@@ -270,6 +270,8 @@ def attention(
         other = _adapter_for(t, name)
         if other.name != adapter.name:
             raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
+    if backend in ("auto", "cpu") and _is_host_half(adapter, q, k, v, out):
+        return _attention_host_half(adapter, q, k, v, causal, softmax_scale, out, return_lse)
     if adapter.name == "jax":
         from . import jax as waveboost_jax
 
@@ -281,8 +283,6 @@ def attention(
     shape = _check_shape(q, "q")
     if out is not None and getattr(getattr(out, "flags", None), "writeable", True) is False:
         raise ValueError("out must be writeable; got a read-only array")
-    if backend in ("auto", "cpu") and _is_host_half(adapter, q, k, v, out):
-        return _attention_host_half(adapter, q, k, v, causal, softmax_scale, out, return_lse)
     if out is None:
         out = adapter.empty(q, shape, "like")
     lse = adapter.empty(q, (shape[0], shape[2], shape[1]), "float32") if return_lse else None
@@ -353,6 +353,14 @@ def _is_host_half(adapter: _Adapter, q: Any, k: Any, v: Any, out: Any) -> bool:
     elif adapter.name == "numpy":
         if q.dtype.itemsize != 2 or q.dtype.name not in ("float16", "bfloat16"):  # bfloat16: ml_dtypes' NumPy dtype
             return False
+    elif adapter.name == "jax":
+        # Concrete host arrays only: under jit the platform is XLA's to choose, and out= is the DLPack route.
+        import jax
+
+        if (q.dtype.itemsize != 2 or q.dtype.name not in ("float16", "bfloat16") or out is not None
+                or any(isinstance(t, jax.core.Tracer) for t in (q, k, v))
+                or any(d.platform != "cpu" for t in (q, k, v) for d in t.devices())):
+            return False
     else:
         return False
     return all(t is None or (type(t) is type(q) and t.dtype == q.dtype) for t in (k, v, out))
@@ -370,7 +378,11 @@ def _attention_host_half(adapter: _Adapter, q: Any, k: Any, v: Any, causal: bool
     import numpy as np
 
     def upcast(x: Any) -> Any:
-        return x.float() if adapter.name == "torch" else _check_numpy_array(x, "q").astype(np.float32)
+        if adapter.name == "torch":
+            return x.float()
+        if adapter.name == "jax":
+            return x.astype(np.float32)
+        return _check_numpy_array(x, "q").astype(np.float32)
 
     if out is not None and tuple(out.shape) != tuple(q.shape):
         raise ValueError(f"out has shape {tuple(out.shape)} but q has {tuple(q.shape)}; they must match")
@@ -380,7 +392,7 @@ def _attention_host_half(adapter: _Adapter, q: Any, k: Any, v: Any, causal: bool
     res, lse = attention(upcast(q), upcast(k), upcast(v), causal=causal, softmax_scale=softmax_scale,
                          return_lse=True, backend="cpu")
     if out is None:
-        out = res.to(q.dtype) if adapter.name == "torch" else res.astype(q.dtype)
+        out = res.to(q.dtype) if adapter.name == "torch" else res.astype(q.dtype)  # NumPy, JAX: astype
     elif adapter.name == "torch":
         out.copy_(res)
     else:
