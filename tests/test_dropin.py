@@ -149,6 +149,25 @@ def test_flash_attn_func_matches_reference(rng, lq, lk, causal):
     assert no_key.any() == (causal and lq > lk)
 
 
+@pytest.mark.gpu
+def test_flash_attn_func_on_gpu_keeps_flash_attn_conventions():
+    import torch
+
+    q = torch.randn(2, 300, 8, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(2, 100, 2, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    out, lse, mask = waveboost.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert mask is None and out.dtype == torch.float16 and lse.dtype == torch.float32 and lse.shape == (2, 8, 300)
+    q64, k64, v64 = (t.float().cpu().numpy() for t in (q, k, v))
+    ref_out, ref_lse = attention_ref(q64, k64, v64, causal=True)
+    naive = attention_ref(q64, k64, v64, causal=True, dtype=np.float16)[0]
+    assert max_abs_err(out.float().cpu().numpy(), ref_out) <= 2 * max_abs_err(naive, ref_out) + 1e-3
+    no_key = np.isneginf(ref_lse)  # bottom-right: the first 200 queries see no key
+    got = lse.cpu().numpy()
+    assert no_key.any() and np.all(np.isposinf(got[no_key]))
+    assert max_abs_err(got[~no_key], ref_lse[~no_key]) < 1e-2
+
+
 def test_flash_attn_func_lse_in_torch_and_jax(rng):
     q, k, v = random_qkv(rng, 1, 9, 4, 2, 2, 16)
     expected = np.isneginf(attention_ref(q, k, v, causal=True)[1])

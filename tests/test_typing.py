@@ -28,8 +28,8 @@ def test_stub_covers_every_function_of_the_compiled_module():
 
 @pytest.mark.parametrize(
     "module,names",
-    [("waveboost", ["attention", "resolve_backend", "info"]),
-     ("waveboost.torch", ["attention"]),
+    [("waveboost", ["attention", "resolve_backend", "info", "flash_attn_func"]),
+     ("waveboost.torch", ["attention", "scaled_dot_product_attention"]),
      ("waveboost.jax", ["attention", "ffi_available"])],
 )
 def test_public_functions_are_annotated(module, names):
