@@ -50,6 +50,18 @@ def test_sdpa_matches_top_left_reference_and_torch(rng, lq, lk, causal, batch, h
     assert max_abs_err(out.numpy(), expected.numpy()) < 1e-5
 
 
+@pytest.mark.parametrize("lq,lk", [(3, 0), (0, 3), (0, 0)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_empty_sequences_match_torch(lq, lk, causal):
+    torch = pytest.importorskip("torch", reason="waveboost.torch needs PyTorch")
+    import waveboost.torch as wt
+
+    q, k = torch.randn(1, 2, lq, 8), torch.randn(1, 2, lk, 8)
+    out = wt.scaled_dot_product_attention(q, k, k, is_causal=causal)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=causal)
+    assert out.shape == expected.shape and torch.equal(out, expected)
+
+
 def test_sdpa_differs_from_bottom_right_where_lengths_differ(rng):
     # The check above would pass for a wrapper that forgot the convention only if the two masks
     # agreed: show they do not for these lengths, so the comparison has teeth.
