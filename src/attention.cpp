@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -193,33 +192,39 @@ Status validate(const AttentionParams& p) {
     default:
       return Status::InvalidArgument("dtype is not one of float16, bfloat16, float32, float64");
   }
-  // Strides. Each (row, head) holds head_dim contiguous elements, so a stride of a dimension of
+  if (p.is_paged()) {
+    if (p.page_size < 1) return Status::InvalidArgument("page_size must be >= 1 with a block_table; got " + str(p.page_size));
+    if (p.num_pages < 1) return Status::InvalidArgument("num_pages must be >= 1 with a block_table; got " + str(p.num_pages));
+    if (p.is_varlen_k())
+      return Status::InvalidArgument("cu_seqlens_k and block_table are exclusive: a paged cache gives each sequence's "
+                                     "keys by its block_table row and seqused_k");
+  }
+  // Strides. Each (row, head) holds head_dim contiguous elements, so the stride of a dimension of
   // extent > 1 is either 0 (a broadcast, fine to read) or at least head_dim in magnitude; anything
   // in between makes neighbouring rows or heads share elements, which no framework's tensor does
-  // (e.g. q_row_stride = 1 from a transposed or mistyped layout).
-  const auto check_strides = [&](const char* name, std::initializer_list<std::pair<int64_t, int64_t>> dims,
-                                 std::initializer_list<const char*> names, bool is_output) -> Status {
-    int64_t span = p.head_dim - 1;  // elements spanned by the dimensions checked so far, for outputs
-    std::vector<std::pair<int64_t, int64_t>> sorted;  // (|stride|, extent)
-    auto name_it = names.begin();
-    for (auto [stride, extent] : dims) {
-      const char* field = *name_it++;
-      if (extent <= 1) continue;
-      const int64_t magnitude = stride < 0 ? -stride : stride;
+  // (e.g. q_row_stride = 1 from a mistyped layout). The output must not overlap itself at all.
+  const auto check_strides = [&](const char* tensor, const int64_t (&strides)[3], const int64_t (&extents)[3],
+                                 bool is_output) -> Status {
+    static const char* const kDims[3] = {"batch", "row", "head"};
+    static const char* const kPlural[3] = {"batches", "rows", "heads"};
+    std::vector<std::pair<int64_t, int64_t>> sorted;  // (|stride|, extent) of dimensions of extent > 1
+    for (int d = 0; d < 3; ++d) {
+      if (extents[d] <= 1) continue;
+      const int64_t magnitude = strides[d] < 0 ? -strides[d] : strides[d];
       if ((magnitude != 0 || is_output) && magnitude < p.head_dim)
-        return Status::InvalidArgument(std::string(name) + "_" + field + "_stride is " + str(stride) + " but head_dim is " +
-                                       str(p.head_dim) + ": neighbouring " + (field == std::string("batch") ? "batche" : field) + "s would share elements (a stride "
-                                       "of a dimension of extent > 1 must be " + (is_output ? "" : "0 or ") +
-                                       "at least head_dim in magnitude)");
-      sorted.emplace_back(magnitude, extent);
+        return Status::InvalidArgument(std::string(tensor) + "_" + kDims[d] + "_stride is " + str(strides[d]) +
+                                       " but head_dim is " + str(p.head_dim) + ": neighbouring " + kPlural[d] +
+                                       " would share elements (the stride of a dimension of extent > 1 must be " +
+                                       (is_output ? "" : "0 or ") + "at least head_dim in magnitude)");
+      sorted.emplace_back(magnitude, extents[d]);
     }
     if (!is_output) return Status::Ok();
-    // The output is written once per element: its dimensions must not overlap one another either.
     std::sort(sorted.begin(), sorted.end());
+    int64_t span = p.head_dim - 1;  // elements spanned by the smaller-stride dimensions so far
     for (auto [magnitude, extent] : sorted) {
       if (magnitude <= span)
-        return Status::InvalidArgument(std::string(name) + " strides (batch " + str(p.o_batch_stride) + ", row " +
-                                       str(p.o_row_stride) + ", head " + str(p.o_head_stride) +
+        return Status::InvalidArgument("out strides (o_batch_stride " + str(strides[0]) + ", o_row_stride " +
+                                       str(strides[1]) + ", o_head_stride " + str(strides[2]) +
                                        ") make distinct elements share memory; the output must not overlap itself");
       span += magnitude * (extent - 1);
     }
@@ -230,27 +235,20 @@ Status validate(const AttentionParams& p) {
     const int64_t q_batches = p.is_varlen_q() ? 1 : p.batch;
     const int64_t kv_batches = p.is_paged() ? p.num_pages : (p.is_varlen_k() ? 1 : p.batch);
     const int64_t kv_rows = p.is_paged() ? p.page_size : p.seqlen_k;
-    if (Status s = check_strides("q", {{p.q_batch_stride, q_batches}, {p.q_row_stride, p.seqlen_q}, {p.q_head_stride, p.heads}},
-                                 {"batch", "row", "head"}, false); !s.ok())
+    const int64_t q_extents[3] = {q_batches, p.seqlen_q, p.heads};
+    const int64_t kv_extents[3] = {kv_batches, kv_rows, p.heads_kv};
+    if (Status s = check_strides("q", {p.q_batch_stride, p.q_row_stride, p.q_head_stride}, q_extents, false); !s.ok())
       return s;
     if (reads_kv) {
-      if (Status s = check_strides("k", {{p.k_batch_stride, kv_batches}, {p.k_row_stride, kv_rows}, {p.k_head_stride, p.heads_kv}},
-                                   {"batch", "row", "head"}, false); !s.ok())
+      if (Status s = check_strides("k", {p.k_batch_stride, p.k_row_stride, p.k_head_stride}, kv_extents, false);
+          !s.ok())
         return s;
-      if (Status s = check_strides("v", {{p.v_batch_stride, kv_batches}, {p.v_row_stride, kv_rows}, {p.v_head_stride, p.heads_kv}},
-                                   {"batch", "row", "head"}, false); !s.ok())
+      if (Status s = check_strides("v", {p.v_batch_stride, p.v_row_stride, p.v_head_stride}, kv_extents, false);
+          !s.ok())
         return s;
     }
-    if (Status s = check_strides("o", {{p.o_batch_stride, q_batches}, {p.o_row_stride, p.seqlen_q}, {p.o_head_stride, p.heads}},
-                                 {"batch", "row", "head"}, true); !s.ok())
+    if (Status s = check_strides("o", {p.o_batch_stride, p.o_row_stride, p.o_head_stride}, q_extents, true); !s.ok())
       return s;
-  }
-  if (p.is_paged()) {
-    if (p.page_size < 1) return Status::InvalidArgument("page_size must be >= 1 with a block_table; got " + str(p.page_size));
-    if (p.num_pages < 1) return Status::InvalidArgument("num_pages must be >= 1 with a block_table; got " + str(p.num_pages));
-    if (p.is_varlen_k())
-      return Status::InvalidArgument("cu_seqlens_k and block_table are exclusive: a paged cache gives each sequence's "
-                                     "keys by its block_table row and seqused_k");
   }
   return Status::Ok();
 }

@@ -143,8 +143,6 @@ def _host_view(x: Any, arg: str) -> Any:
     """A generic DLPack producer in host memory as a zero-copy NumPy view; other arrays unchanged."""
     if x is None or _adapter_for(x, arg).name != "dlpack":
         return x
-    import numpy as np
-
     device_type, device_id = x.__dlpack_device__()
     if int(device_type) != 1:  # kDLCPU
         raise TypeError(
@@ -346,7 +344,7 @@ def info() -> dict:
 
 
 def _is_host_half(adapter: _Adapter, q: Any, k: Any, v: Any, out: Any) -> bool:
-    """fp16/bf16 NumPy or PyTorch host arrays, all of one dtype (mismatches go on to the usual error)."""
+    """fp16/bf16 host arrays (NumPy, PyTorch, eager JAX), all of one dtype (mismatches go on to the usual error)."""
     if adapter.name == "torch":
         if q.dtype not in _torch_half_dtypes() or not q.is_cpu:
             return False
@@ -375,8 +373,6 @@ def _torch_half_dtypes() -> tuple:
 
 def _attention_host_half(adapter: _Adapter, q: Any, k: Any, v: Any, causal: bool, softmax_scale: Optional[float],
                          out: Any, return_lse: bool) -> Any:
-    import numpy as np
-
     def upcast(x: Any) -> Any:
         if adapter.name == "torch":
             return x.float()
@@ -386,9 +382,10 @@ def _attention_host_half(adapter: _Adapter, q: Any, k: Any, v: Any, causal: bool
 
     if out is not None and tuple(out.shape) != tuple(q.shape):
         raise ValueError(f"out has shape {tuple(out.shape)} but q has {tuple(q.shape)}; they must match")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if adapter.name == "numpy":
-            _check_numpy_array(t, name)
+    if adapter.name == "numpy":
+        for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+            if t is not None:
+                _check_numpy_array(t, name)
     res, lse = attention(upcast(q), upcast(k), upcast(v), causal=causal, softmax_scale=softmax_scale,
                          return_lse=True, backend="cpu")
     if out is None:
@@ -450,7 +447,8 @@ def flash_attn_func(
     except TypeError:
         raise TypeError(f"window_size must be a pair of ints; got {window_size!r}") from None
     if window != (-1, -1):
-        raise ValueError(f"window_size must be (-1, -1): sliding-window attention is not supported; got {window_size!r}")
+        raise ValueError(f"window_size must be (-1, -1): sliding-window attention is not supported; "
+                         f"got {window_size!r}")
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
         raise TypeError(f"softcap must be a float; got {type(softcap).__name__}")
     if softcap != 0.0:
