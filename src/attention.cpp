@@ -1,8 +1,10 @@
 // The C++ API: generic validation, backend selection and dispatch to the paths.
 #include "waveboost/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "cpu/cpu_attention.h"
 #ifdef WAVEBOOST_WITH_CUDA
@@ -195,6 +197,57 @@ Status validate(const AttentionParams& p) {
     if (p.is_varlen_k())
       return Status::InvalidArgument("cu_seqlens_k and block_table are exclusive: a paged cache gives each sequence's "
                                      "keys by its block_table row and seqused_k");
+  }
+  // Strides. Each (row, head) holds head_dim contiguous elements, so the stride of a dimension of
+  // extent > 1 is either 0 (a broadcast, fine to read) or at least head_dim in magnitude; anything
+  // in between makes neighbouring rows or heads share elements, which no framework's tensor does
+  // (e.g. q_row_stride = 1 from a mistyped layout). The output must not overlap itself at all.
+  const auto check_strides = [&](const char* tensor, const int64_t (&strides)[3], const int64_t (&extents)[3],
+                                 bool is_output) -> Status {
+    static const char* const kDims[3] = {"batch", "row", "head"};
+    static const char* const kPlural[3] = {"batches", "rows", "heads"};
+    std::vector<std::pair<int64_t, int64_t>> sorted;  // (|stride|, extent) of dimensions of extent > 1
+    for (int d = 0; d < 3; ++d) {
+      if (extents[d] <= 1) continue;
+      const int64_t magnitude = strides[d] < 0 ? -strides[d] : strides[d];
+      if ((magnitude != 0 || is_output) && magnitude < p.head_dim)
+        return Status::InvalidArgument(std::string(tensor) + "_" + kDims[d] + "_stride is " + str(strides[d]) +
+                                       " but head_dim is " + str(p.head_dim) + ": neighbouring " + kPlural[d] +
+                                       " would share elements (the stride of a dimension of extent > 1 must be " +
+                                       (is_output ? "" : "0 or ") + "at least head_dim in magnitude)");
+      sorted.emplace_back(magnitude, extents[d]);
+    }
+    if (!is_output) return Status::Ok();
+    std::sort(sorted.begin(), sorted.end());
+    int64_t span = p.head_dim - 1;  // elements spanned by the smaller-stride dimensions so far
+    for (auto [magnitude, extent] : sorted) {
+      if (magnitude <= span)
+        return Status::InvalidArgument("out strides (o_batch_stride " + str(strides[0]) + ", o_row_stride " +
+                                       str(strides[1]) + ", o_head_stride " + str(strides[2]) +
+                                       ") make distinct elements share memory; the output must not overlap itself");
+      span += magnitude * (extent - 1);
+    }
+    return Status::Ok();
+  };
+  if (any_output) {
+    // Varlen q and out pack sequences along rows (batch stride unused); paged k and v step pages.
+    const int64_t q_batches = p.is_varlen_q() ? 1 : p.batch;
+    const int64_t kv_batches = p.is_paged() ? p.num_pages : (p.is_varlen_k() ? 1 : p.batch);
+    const int64_t kv_rows = p.is_paged() ? p.page_size : p.seqlen_k;
+    const int64_t q_extents[3] = {q_batches, p.seqlen_q, p.heads};
+    const int64_t kv_extents[3] = {kv_batches, kv_rows, p.heads_kv};
+    if (Status s = check_strides("q", {p.q_batch_stride, p.q_row_stride, p.q_head_stride}, q_extents, false); !s.ok())
+      return s;
+    if (reads_kv) {
+      if (Status s = check_strides("k", {p.k_batch_stride, p.k_row_stride, p.k_head_stride}, kv_extents, false);
+          !s.ok())
+        return s;
+      if (Status s = check_strides("v", {p.v_batch_stride, p.v_row_stride, p.v_head_stride}, kv_extents, false);
+          !s.ok())
+        return s;
+    }
+    if (Status s = check_strides("o", {p.o_batch_stride, p.o_row_stride, p.o_head_stride}, q_extents, true); !s.ok())
+      return s;
   }
   return Status::Ok();
 }

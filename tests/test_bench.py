@@ -198,3 +198,131 @@ def test_torch_peer_and_torch_reference_on_cpu():
     as_torch = measure.Inputs(*(torch.from_numpy(t) for t in (inputs.q, inputs.k, inputs.v)))
     out = measure.Reference(case, inputs).outputs
     assert all(np.allclose(a, b.numpy()) for a, b in zip(out, measure.Reference(case, as_torch).outputs))
+
+
+# ---- honest reporting: header, baseline, spread, interrupted runs, progress -----------------
+
+BARE = [a for a in TINY if a != "--plain"]  # rich (when installed) must still fall back to plain lines off a TTY
+
+
+def test_help_cites_no_file_outside_the_repository(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "ANCHORS" not in text and ".md" not in text
+
+
+def test_header_names_cpu_path_threads_and_baseline(tmp_path, capsys):
+    import waveboost
+
+    out = tmp_path / "run"
+    assert main(TINY + ["--impls", "numpy,waveboost_cpu", "--out", str(out), "--no-charts"]) == 0
+    text = capsys.readouterr().out
+    info = waveboost.info()
+    assert info["cpu_isa"] in ("avx512", "avx2", "baseline") and info["cpu_threads"] >= 1
+    assert f"CPU path {info['cpu_isa']} with {info['cpu_threads']} threads" in text
+    assert "speedup = numpy time / implementation time" in text
+    summary = (out / "summary.md").read_text()
+    assert f"CPU path {info['cpu_isa']}" in summary and "geomean speedup vs numpy" in summary
+
+
+def test_default_baseline_does_not_depend_on_what_is_installed(tmp_path):
+    pytest.importorskip("torch", reason="the point is that torch being installed changes nothing")
+    out = tmp_path / "run"
+    assert main(TINY + ["--impls", "torch_sdpa,numpy,waveboost_cpu", "--out", str(out), "--no-charts"]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["settings"]["baseline"] == "numpy"
+    assert all(r["baseline"] == "numpy" for r in result["rows"])
+
+
+def test_without_the_baseline_no_speedups_are_made_up(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(TINY + ["--impls", "waveboost_cpu", "--out", str(out), "--no-charts"]) == 0
+    assert "no speedups: the baseline did not run" in capsys.readouterr().out
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert rows and all(r["speedup"] is None for r in rows)
+
+
+def test_baseline_that_cannot_run_is_an_error(monkeypatch):
+    fake = [impls.Impl("numpy", impls._numpy_prepare, lambda: None),
+            impls.Impl("absent", _refuses, lambda: "absentlib not installed")]
+    monkeypatch.setattr(impls, "registry", lambda device: fake)
+    with pytest.raises(SystemExit):
+        main(TINY + ["--baseline", "absent"])
+
+
+@contextmanager
+def _jittery(case, x):
+    """Every other call takes 3 ms longer: timings that disagree, whatever the machine."""
+    import time
+
+    with impls._numpy_prepare(case, x) as prep:
+        run, calls = prep.run, [0]
+
+        def jittery_run():
+            calls[0] += 1
+            if calls[0] % 2:
+                time.sleep(0.003)
+            return run()
+        prep.run = jittery_run
+        yield prep
+
+
+def test_disagreeing_timings_are_retimed_and_marked(tmp_path, monkeypatch, capsys):
+    fake = [impls.Impl("numpy", impls._numpy_prepare, lambda: None),
+            impls.Impl("jittery", _jittery, lambda: None)]
+    monkeypatch.setattr(impls, "registry", lambda device: fake)
+    out = tmp_path / "run"
+    assert main(TINY + ["--repeats", "8", "--budget-ms", "50", "--out", str(out), "--no-charts"]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    jittery = [r for r in rows if r["impl"] == "jittery"]
+    assert jittery and all(r["retimed"] and r["unstable"] and r["spread"] > 0.10 for r in jittery)
+    assert all(r["speedup_unstable"] for r in jittery)
+    text = capsys.readouterr().out
+    assert "timings stayed unstable after a re-run" in text
+    assert any(line.split()[-1] == "~" for line in text.splitlines() if "jittery" in line)
+    with open(out / "latency.csv") as f:
+        assert all(r["unstable"] == "1" for r in csv.DictReader(f) if r["impl"] == "jittery")
+
+
+@contextmanager
+def _interrupts_on_second_cell(case, x, seen=[]):
+    seen.append(case)
+    if len(seen) == 2:
+        raise KeyboardInterrupt
+    with impls._numpy_prepare(case, x) as prep:
+        yield prep
+
+
+def test_interrupted_run_keeps_the_cells_it_measured(tmp_path, monkeypatch):
+    fake = [impls.Impl("numpy", _interrupts_on_second_cell, lambda: None)]
+    monkeypatch.setattr(impls, "registry", lambda device: fake)
+    out = tmp_path / "run"
+    assert main(TINY + ["--out", str(out), "--no-charts"]) == 130
+    result = json.loads((out / "results.json").read_text())
+    assert result["interrupted"] is True and result["cells_done"] == 1
+    assert len(result["rows"]) == 1 and result["rows"][0]["status"] == "ok"
+    assert "INTERRUPTED: 1 of 4 cells measured" in (out / "summary.md").read_text()
+
+
+def test_progress_is_plain_lines_off_a_terminal(tmp_path, capsys):
+    assert main(BARE + ["--impls", "numpy", "--out", str(tmp_path / "run"), "--no-charts"]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("[")]
+    assert len([line for line in lines if "] done: " in line]) == 4  # one per cell and implementation
+    assert lines[-1].startswith("[4/4 ")
+
+
+def test_steady_flags_are_real_false_in_json(tmp_path):
+    out = tmp_path / "run"
+    assert main(TINY + ["--impls", "numpy", "--out", str(out), "--no-charts", "--spread-threshold", "1000"]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert all(r["unstable"] is False and "retimed" not in r for r in rows)
+
+
+def test_header_states_the_work_of_the_grid(tmp_path, capsys):
+    assert main(TINY + ["--impls", "numpy", "--out", str(tmp_path / "run"), "--no-charts"]) == 0
+    cases = grid.expand("quick", "cpu", seqlens=(16, 33), heads=(4,), kv_heads=(2,), head_dims=(8,),
+                        causal=(False, True))
+    gflop = sum(c.flops for c in cases) / 1e9
+    assert f"grid: 4 cells, {gflop:.4g} GFLOP per implementation (preset quick)" in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""The installed wheel is a usable C++ package: find_package(waveboost) + waveboost::waveboost."""
+"""The installed wheel is a usable C++ package: find_package(waveboost) + waveboost::waveboost, and
+find_package(waveboost COMPONENTS cpu) + waveboost::cpu with no CUDA toolkit in sight."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ HERE = Path(__file__).parent
 
 
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not on PATH")
-def test_cpp_consumer_builds_and_passes(tmp_path):
+@pytest.mark.parametrize("cpu_only", [False, True], ids=["waveboost", "cpu_without_cuda_toolkit"])
+def test_cpp_consumer_builds_and_passes(tmp_path, cpu_only):
     cmake_dir = subprocess.run(
         [sys.executable, "-m", "waveboost", "--cmake-dir"], check=True, capture_output=True, text=True
     ).stdout.strip()
@@ -27,7 +29,11 @@ def test_cpp_consumer_builds_and_passes(tmp_path):
         assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
         return proc.stdout
 
-    run("cmake", "-S", str(HERE / "cpp"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release")
+    # The CPU-only consumer is configured as if no CUDA toolkit existed: finding it is disabled.
+    extra = ["-DWAVEBOOST_CONSUMER_CPU_ONLY=ON", "-DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=TRUE"] if cpu_only else []
+    run("cmake", "-S", str(HERE / "cpp"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *extra)
     run("cmake", "--build", str(build), "--parallel", "2")
-    out = run("ctest", "--test-dir", str(build), "--output-on-failure")
+    out = run("ctest", "--test-dir", str(build), "--output-on-failure", "-V")
     assert "100% tests passed" in out
+    if cpu_only:
+        assert "CUDA compiled: no" in out

@@ -45,7 +45,9 @@ struct AttentionParams {
   void* out = nullptr;      // (batch, seqlen_q, heads, head_dim), dtype of q
   float* lse = nullptr;     // optional (batch, heads, seqlen_q) natural-log logsumexp; nullptr = not wanted
 
-  // Element strides (not bytes). The head_dim stride is 1 for every tensor.
+  // Element strides (not bytes). The head_dim stride is 1 for every tensor. A stride of a dimension
+  // of extent > 1 is 0 (a broadcast; inputs only) or at least head_dim in magnitude (negative is
+  // fine); out's rows, heads and batches must not overlap. Otherwise kInvalidArgument.
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
   int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
   int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
@@ -224,8 +226,13 @@ Status stream_synchronize(int device_id, void* stream);
 // Build facts.
 const char* version();
 bool cuda_compiled();
-// Semicolon-separated CMAKE_CUDA_ARCHITECTURES the library was built for ("" without CUDA).
+// Comma-separated CMAKE_CUDA_ARCHITECTURES the library was built for, e.g. "80,90" ("" without CUDA).
 const char* cuda_architectures();
+// The instruction set the CPU path runs with on this machine: "avx512", "avx2" (with FMA) or
+// "baseline"; the environment variable WAVEBOOST_CPU_ISA=avx2|baseline caps it.
+const char* cpu_isa();
+// Threads the CPU path uses: WAVEBOOST_NUM_THREADS when set to a positive integer, else the hardware's count.
+int cpu_num_threads();
 // CUDA devices visible to this process: 0 without CUDA support, a driver or a GPU (never an error).
 int cuda_device_count();
 // e.g. "NVIDIA H100 80GB HBM3, compute capability 9.0"; empty when `device` does not exist.

@@ -5,10 +5,10 @@
 >>> out = waveboost.attention(q, q, q, causal=True)
 """
 
-from ._api import BACKENDS, attention, attention_backward, backward_backends, info, resolve_backend
+from ._api import BACKENDS, attention, attention_backward, backward_backends, flash_attn_func, info, resolve_backend
 from ._api import attention_varlen, attention_with_kvcache, merge_attention_states
 
 __version__ = info()["version"]
 
-__all__ = ["BACKENDS", "attention", "attention_backward", "backward_backends", "info", "resolve_backend",
-           "__version__", "attention_varlen", "attention_with_kvcache", "merge_attention_states"]
+__all__ = ["BACKENDS", "attention", "attention_backward", "backward_backends", "flash_attn_func", "info",
+           "resolve_backend", "__version__", "attention_varlen", "attention_with_kvcache", "merge_attention_states"]

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"CUDA compiled in: {'yes' if facts['cuda_compiled'] else 'no'} (architectures: {archs})")
         print(f"GPUs: {', '.join(facts['gpus']) if facts['gpus'] else 'none visible'}")
         print(f"backends this machine can run: {', '.join(facts['backends'])}")
+        print(f"CPU path: {facts['cpu_isa']}, {facts['cpu_threads']} threads")
         return 0
     parser.print_help()
     return 0

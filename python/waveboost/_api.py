@@ -7,8 +7,11 @@ and hands DLPack-capable tensors to the compiled module.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple, Optional
+
+import numpy as np  # the one runtime dependency
 
 from . import _waveboost
 
@@ -39,7 +42,7 @@ def _numpy_adapter() -> _Adapter:
     def empty(like, shape, dtype):
         return np.empty(shape, dtype=like.dtype if dtype == "like" else np.float32)
 
-    return _Adapter("numpy", empty, lambda x: 0, _identity, _noop_finish)
+    return _Adapter("numpy", empty, lambda x: 0, _check_numpy_array, _noop_finish)
 
 
 def _torch_adapter() -> _Adapter:
@@ -114,6 +117,44 @@ def _jax_adapter() -> _Adapter:
     return _Adapter("jax", empty, lambda x: 0, prepare, finish)
 
 
+def _check_numpy_array(x: Any, arg: str) -> Any:
+    """NumPy arrays whose meaning DLPack cannot carry are refused rather than misread."""
+    if type(x) is np.ndarray and x.dtype.isnative:  # the common case, first and cheap
+        return x
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{arg} is a NumPy masked array, whose mask waveboost would ignore; pass "
+                        f"np.asarray({arg}) (mask dropped) or {arg}.filled(value) if that is what you mean")
+    if not x.dtype.isnative:
+        raise TypeError(f"{arg} has non-native byte order (dtype '{x.dtype.str}'); pass "
+                        f"{arg}.astype({arg}.dtype.newbyteorder('=')) instead")
+    return x
+
+
+def _dlpack_adapter() -> _Adapter:
+    # Any other object speaking DLPack (__dlpack__ and __dlpack_device__). Such inputs are read
+    # as zero-copy NumPy views (_host_view) before any adapter work, so this one only marks them.
+    def unreachable(*args):
+        raise AssertionError("generic DLPack producers are converted to NumPy views first")
+
+    return _Adapter("dlpack", unreachable, unreachable, unreachable, unreachable)
+
+
+def _host_view(x: Any, arg: str) -> Any:
+    """A generic DLPack producer in host memory as a zero-copy NumPy view; other arrays unchanged."""
+    if x is None or _adapter_for(x, arg).name != "dlpack":
+        return x
+    device_type, device_id = x.__dlpack_device__()
+    if int(device_type) != 1:  # kDLCPU
+        raise TypeError(
+            f"{arg} is a {type(x).__module__}.{type(x).__qualname__} on DLPack device ({int(device_type)}, "
+            f"{int(device_id)}): waveboost takes NumPy, PyTorch, CuPy and JAX arrays anywhere, and other DLPack "
+            "producers only in host memory (read as NumPy views; results are NumPy arrays)")
+    try:
+        return np.from_dlpack(x)
+    except (BufferError, TypeError, ValueError) as e:
+        raise TypeError(f"{arg} cannot be read through DLPack as a NumPy view: {e}") from None
+
+
 _ADAPTER_FACTORIES = {"numpy": _numpy_adapter, "torch": _torch_adapter, "cupy": _cupy_adapter,
                       "jax": _jax_adapter, "jaxlib": _jax_adapter}
 _adapters: dict = {}  # array type -> _Adapter, built on first use (imports the framework once)
@@ -127,9 +168,56 @@ def _adapter_for(x: Any, arg: str) -> _Adapter:
     if factory is not None:
         adapter = _adapters[type(x)] = factory()
         return adapter
+    if hasattr(type(x), "__dlpack__") and hasattr(type(x), "__dlpack_device__"):
+        adapter = _adapters[type(x)] = _dlpack_adapter()
+        return adapter
     raise TypeError(
-        f"{arg} must be a NumPy, PyTorch, CuPy or JAX array; got {type(x).__module__}.{type(x).__qualname__}"
+        f"{arg} must be a NumPy, PyTorch, CuPy or JAX array, or an object with __dlpack__ and __dlpack_device__; "
+        f"got {type(x).__module__}.{type(x).__qualname__}"
     )
+
+
+def _raise_not_dlpack(named: Any) -> None:
+    """Names the tensor the compiled module could not import, with its exporter's reason."""
+    for name, x in named:
+        export = getattr(x, "__dlpack__", None)
+        if export is None:
+            continue
+        try:
+            export()
+        except Exception as e:  # the exporter's own reason, e.g. an unsupported dtype
+            dtype = getattr(x, "dtype", None)
+            raise TypeError(f"{name} (dtype {dtype}) cannot be passed through DLPack ({e}); waveboost takes "
+                            "float16, bfloat16, float32 and float64 arrays") from None
+
+
+def check_flag(value: Any, arg: str) -> bool:
+    """A Python or NumPy bool as a bool; anything else (a string, an int, None) is a TypeError."""
+    if isinstance(value, bool):
+        return value
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"):
+        return bool(value)
+    raise TypeError(f"{arg} must be a bool; got {type(value).__name__} {value!r}")
+
+
+def check_softmax_scale(softmax_scale: Any) -> Optional[float]:
+    """None, or a finite real number as a float (a bool, a string or inf is an error)."""
+    if softmax_scale is None:
+        return None
+    if isinstance(softmax_scale, (bool, str, bytes)) or not hasattr(softmax_scale, "__float__"):
+        raise TypeError(f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}")
+    softmax_scale = float(softmax_scale)
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    return softmax_scale
+
+
+def check_backend(backend: Any) -> str:
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, one of {BACKENDS}; got {type(backend).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+    return backend
 
 
 def _check_shape(x: Any, arg: str) -> tuple:
@@ -182,16 +270,13 @@ def attention(
     which autograd differentiates; ``out=`` is refused there. Gradients otherwise come from
     ``attention_backward``.
     """
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a str, one of {BACKENDS}; got {type(backend).__name__}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, (bool, str, bytes)) or not hasattr(softmax_scale, "__float__"):
-            raise TypeError(f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}")
-        softmax_scale = float(softmax_scale)
-        if not math.isfinite(softmax_scale):
-            raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    check_backend(backend)
+    causal = check_flag(causal, "causal")
+    return_lse = check_flag(return_lse, "return_lse")
+    if not (type(k) is type(q) and type(v) is type(q) and (out is None or type(out) is type(q))) or \
+            _adapter_for(q, "q").name == "dlpack":  # the common case (one array type, a known one) skips this
+        q, k, v, out = (_host_view(t, name) for name, t in (("q", q), ("k", k), ("v", v), ("out", out)))
+    softmax_scale = check_softmax_scale(softmax_scale)
     adapter = _adapter_for(q, "q")
     for name, t in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
         other = _adapter_for(t, name)
@@ -207,6 +292,8 @@ def attention(
 
         return waveboost_torch.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
                                          return_lse=return_lse, backend=backend)
+    if backend in ("auto", "cpu") and _is_host_half(adapter, q, k, v, out):
+        return _attention_host_half(adapter, q, k, v, causal, softmax_scale, out, return_lse)
     if adapter.name == "jax":
         from . import jax as waveboost_jax
 
@@ -223,10 +310,14 @@ def attention(
     lse = adapter.empty(q, (shape[0], shape[2], shape[1]), "float32") if return_lse else None
     stream = adapter.stream(q)
     prep = adapter.prepare
-    _waveboost.forward(
-        prep(q, "q"), prep(k, "k"), prep(v, "v"), prep(out, "out"), None if lse is None else prep(lse, "lse"),
-        bool(causal), softmax_scale, backend, stream,
-    )
+    args = (prep(q, "q"), prep(k, "k"), prep(v, "v"), prep(out, "out"), None if lse is None else prep(lse, "lse"))
+    try:
+        _waveboost.forward(*args, causal, softmax_scale, backend, stream)
+    except TypeError as e:
+        if "incompatible function arguments" not in str(e):
+            raise
+        _raise_not_dlpack(zip(("q", "k", "v", "out", "lse"), args))
+        raise
     adapter.finish(out, stream)
     return (out, lse) if return_lse else out
 
@@ -235,12 +326,27 @@ def resolve_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: st
                     backward: bool = False) -> str:
     """The backend ``attention`` (or, with ``backward=True``, ``attention_backward``) would run
     for these tensors; ValueError says why if none can."""
+    check_backend(backend)
+    causal = check_flag(causal, "causal")
+    backward = check_flag(backward, "backward")
+    q, k, v = (_host_view(t, name) for name, t in (("q", q), ("k", k), ("v", v)))
     adapter = _adapter_for(q, "q")
+    for name, t in (("k", k), ("v", v)):
+        other = _adapter_for(t, name)
+        if other.name != adapter.name:
+            raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
     prep = adapter.prepare
-    if backward:
-        _check_backward_backend(backend)
-        return _waveboost.resolve_backward_backend(prep(q, "q"), prep(k, "k"), prep(v, "v"), bool(causal), backend)
-    return _waveboost.resolve_backend(prep(q, "q"), prep(k, "k"), prep(v, "v"), bool(causal), backend)
+    args = (prep(q, "q"), prep(k, "k"), prep(v, "v"))
+    try:
+        if backward:
+            _check_backward_backend(backend)
+            return _waveboost.resolve_backward_backend(*args, causal, backend)
+        return _waveboost.resolve_backend(*args, causal, backend)
+    except TypeError as e:
+        if "incompatible function arguments" not in str(e):
+            raise
+        _raise_not_dlpack(zip(("q", "k", "v"), args))
+        raise
 
 
 # ---------------------------------------------------------------------------
@@ -355,7 +461,8 @@ def attention_backward(
 
 
 def info() -> dict:
-    """Version, CUDA build facts, the GPUs seen and the backends this machine can run (on GPU 0)."""
+    """Version, CUDA build facts, the GPUs seen, the backends this machine can run (on GPU 0), and the
+    CPU path's instruction set ("avx512", "avx2" or "baseline") and thread count."""
     gpus = [_waveboost.cuda_device_description(i) for i in range(_waveboost.cuda_device_count())]
     backends = ["cpu"]
     if gpus:
@@ -367,6 +474,8 @@ def info() -> dict:
         "gpus": gpus,
         "gpu": gpus[0] if gpus else None,
         "backends": backends,
+        "cpu_isa": _waveboost.cpu_isa(),
+        "cpu_threads": _waveboost.cpu_num_threads(),
     }
 
 
@@ -825,3 +934,125 @@ def merge_attention_states(outs: Any, lses: Any, *, out: Any = None, return_lse:
                                       None if lse is None else prep(lse, "lse"), stream)
     adapter.finish(out, stream)
     return (out, lse) if return_lse else out
+# ---------------------------------------------------------------------------------------------
+# Half precision on the CPU: computed in float32, as torch's CPU SDPA does
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_host_half(adapter: _Adapter, q: Any, k: Any, v: Any, out: Any) -> bool:
+    """fp16/bf16 host arrays (NumPy, PyTorch, eager JAX), all of one dtype (mismatches go on to the usual error)."""
+    if adapter.name == "torch":
+        if q.dtype not in _torch_half_dtypes() or not q.is_cpu:
+            return False
+    elif adapter.name == "numpy":
+        if q.dtype.itemsize != 2 or q.dtype.name not in ("float16", "bfloat16"):  # bfloat16: ml_dtypes' NumPy dtype
+            return False
+    elif adapter.name == "jax":
+        # Concrete host arrays only: under jit the platform is XLA's to choose, and out= is the DLPack route.
+        import jax
+
+        if (q.dtype.itemsize != 2 or q.dtype.name not in ("float16", "bfloat16") or out is not None
+                or any(isinstance(t, jax.core.Tracer) for t in (q, k, v))
+                or any(d.platform != "cpu" for t in (q, k, v) for d in t.devices())):
+            return False
+    else:
+        return False
+    return all(t is None or (type(t) is type(q) and t.dtype == q.dtype) for t in (k, v, out))
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_half_dtypes() -> tuple:
+    import torch
+
+    return (torch.float16, torch.bfloat16)
+
+
+def _attention_host_half(adapter: _Adapter, q: Any, k: Any, v: Any, causal: bool, softmax_scale: Optional[float],
+                         out: Any, return_lse: bool) -> Any:
+    def upcast(x: Any) -> Any:
+        if adapter.name == "torch":
+            return x.float()
+        if adapter.name == "jax":
+            return x.astype(np.float32)
+        return _check_numpy_array(x, "q").astype(np.float32)
+
+    if out is not None and tuple(out.shape) != tuple(q.shape):
+        raise ValueError(f"out has shape {tuple(out.shape)} but q has {tuple(q.shape)}; they must match")
+    if adapter.name == "numpy":
+        for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+            if t is not None:
+                _check_numpy_array(t, name)
+    res, lse = attention(upcast(q), upcast(k), upcast(v), causal=causal, softmax_scale=softmax_scale,
+                         return_lse=True, backend="cpu")
+    if out is None:
+        out = res.to(q.dtype) if adapter.name == "torch" else res.astype(q.dtype)  # NumPy, JAX: astype
+    elif adapter.name == "torch":
+        out.copy_(res)
+    else:
+        out[...] = res
+    return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------
+# flash-attn's calling convention (drop-in for flash_attn.flash_attn_func, forward only)
+# ---------------------------------------------------------------------------------------------
+
+
+def _lse_no_key_to_inf(lse: Any) -> Any:
+    """flash-attn reports +inf as the LSE of a row that sees no key; waveboost reports -inf."""
+    if type(lse).__module__.split(".")[0] in ("jax", "jaxlib"):
+        import jax.numpy as jnp
+
+        return jnp.where(lse == -jnp.inf, jnp.inf, lse)
+    lse[lse == -math.inf] = math.inf  # NumPy, PyTorch and CuPy arrays, in place
+    return lse
+
+
+def flash_attn_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Any:
+    """``flash_attn.flash_attn_func``'s names, argument order and results, on waveboost's kernels.
+
+    Layout (batch, seqlen, heads, head_dim), as flash-attn and ``waveboost.attention``; GQA/MQA by
+    ``heads % heads_kv == 0``; ``causal`` aligned bottom-right (flash-attn >= 2.1). Returns ``out``,
+    or ``(out, softmax_lse, None)`` when ``return_attn_probs`` is true: ``softmax_lse`` is float32
+    (batch, heads, seqlen_q) and, as in flash-attn, ``+inf`` for a query row that sees no key (such
+    a row's output is zeros); ``waveboost.attention`` reports ``-inf`` there. The third element is
+    flash-attn's dropout mask, which exists only with dropout.
+
+    Refused with ValueError (not silently ignored): ``dropout_p`` > 0, a ``window_size`` other than
+    (-1, -1), ``softcap`` != 0 and ``alibi_slopes``. ``deterministic`` is accepted: the forward pass
+    is deterministic anyway.
+    """
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float; got {type(dropout_p).__name__}")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0: waveboost has no dropout (inference only); got {dropout_p}")
+    try:
+        window = tuple(int(w) for w in window_size)
+    except TypeError:
+        raise TypeError(f"window_size must be a pair of ints; got {window_size!r}") from None
+    if window != (-1, -1):
+        raise ValueError(f"window_size must be (-1, -1): sliding-window attention is not supported; "
+                         f"got {window_size!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a float; got {type(softcap).__name__}")
+    if softcap != 0.0:
+        raise ValueError(f"softcap must be 0.0: score soft-capping is not supported; got {softcap}")
+    if alibi_slopes is not None:
+        raise ValueError("alibi_slopes must be None: ALiBi is not supported")
+    check_flag(deterministic, "deterministic")
+    if not check_flag(return_attn_probs, "return_attn_probs"):
+        return attention(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    out, lse = attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
+    return out, _lse_no_key_to_inf(lse), None

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _waveboost
-from ._api import BACKENDS
+from ._api import BACKENDS, check_flag
 
 __all__ = ["BACKWARD_TARGET_NAME", "KVCACHE_TARGET_NAME", "TARGET_NAME", "attention", "attention_backward",
            "attention_with_kvcache", "ffi_available", "kvcache_ffi_available", "ring_attention", "shard_sequence",
@@ -182,7 +182,7 @@ def attention(
     if not math.isfinite(softmax_scale):
         raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
     _registered_backward_platforms()
-    out, lse = _attention_differentiable(q, k, v, bool(causal), softmax_scale, backend)
+    out, lse = _attention_differentiable(q, k, v, check_flag(causal, "causal"), softmax_scale, backend)
     return (out, lse) if return_lse else out
 
 

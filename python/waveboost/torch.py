@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from . import _api
 
-__all__ = ["MultiheadAttention", "attention", "attention_varlen", "attention_with_kvcache"]
+__all__ = ["MultiheadAttention", "attention", "attention_varlen", "attention_with_kvcache",
+           "scaled_dot_product_attention"]
 
 
 @torch.library.custom_op(
@@ -130,10 +131,78 @@ def attention(
     ``backend`` when it has a backward pass and on ``"auto"`` otherwise (``simt``, ``wmma``);
     ``torch.use_deterministic_algorithms(True)`` selects the deterministic backward.
     """
-    if softmax_scale is not None:
-        softmax_scale = float(softmax_scale)
-    out, lse = torch.ops.waveboost.attention(q, k, v, bool(causal), softmax_scale, backend)
+    softmax_scale = _api.check_softmax_scale(softmax_scale)
+    return_lse = _api.check_flag(return_lse, "return_lse")
+    out, lse = torch.ops.waveboost.attention(q, k, v, _api.check_flag(causal, "causal"), softmax_scale,
+                                             _api.check_backend(backend))
     return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.nn.functional.scaled_dot_product_attention's calling convention
+# ---------------------------------------------------------------------------------------------
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention``'s arguments, layout and causal mask.
+
+    Layout (batch, heads, seqlen, head_dim), SDPA's (not ``waveboost.attention``'s BSHD); the
+    result is (batch, heads, seqlen_q, head_dim), a transposed view of a BSHD tensor, as SDPA's
+    flash backend returns. ``is_causal`` follows SDPA's top-left alignment: query ``i`` sees keys
+    ``j <= i`` whatever the lengths. waveboost's kernels align bottom-right, and the two agree
+    exactly after these zero-copy rewrites: for ``seqlen_q < seqlen_k`` no query sees a key past
+    ``seqlen_q - 1``, so the kernel runs on the first ``seqlen_q`` keys; for ``seqlen_q > seqlen_k``
+    the first ``seqlen_k`` queries form a square causal block and the rest see every key, so the
+    two parts run as separate calls and are concatenated. Query heads that outnumber key heads
+    need ``enable_gqa=True``, as in SDPA (query head ``h`` reads key head ``h // (heads // heads_kv)``).
+
+    Refused with ValueError: ``attn_mask`` (no arbitrary masks) and ``dropout_p`` > 0. Forward only.
+    """
+    if attn_mask is not None:
+        raise ValueError("attn_mask must be None: waveboost computes unmasked or causal (is_causal=True) attention "
+                         "only; use torch.nn.functional.scaled_dot_product_attention for other masks")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float; got {type(dropout_p).__name__}")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0: waveboost has no dropout (inference only); got {dropout_p}")
+    is_causal = _api.check_flag(is_causal, "is_causal")
+    enable_gqa = _api.check_flag(enable_gqa, "enable_gqa")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__module__}.{type(t).__qualname__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (batch, heads, seqlen, head_dim) as for SDPA; "
+                             f"got shape {tuple(t.shape)}")
+    if key.shape != value.shape:
+        raise ValueError(f"value has shape {tuple(value.shape)} but key has {tuple(key.shape)}; waveboost needs "
+                         "them equal (value's head_dim must equal the query's)")
+    if key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3]:
+        raise ValueError(f"key has shape {tuple(key.shape)}; its batch and head_dim must match query's "
+                         f"{tuple(query.shape)}")
+    heads, heads_kv = query.shape[1], key.shape[1]
+    if heads != heads_kv and not enable_gqa:
+        raise ValueError(f"query has {heads} heads but key has {heads_kv}: pass enable_gqa=True for grouped-query "
+                         "attention, as SDPA requires")
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    if not is_causal or seqlen_q == seqlen_k:
+        out = attention(q, k, v, causal=is_causal, softmax_scale=scale)
+    elif seqlen_q < seqlen_k:
+        out = attention(q, k[:, :seqlen_q], v[:, :seqlen_q], causal=True, softmax_scale=scale)
+    else:
+        square = attention(q[:, :seqlen_k], k, v, causal=True, softmax_scale=scale)
+        rest = attention(q[:, seqlen_k:], k, v, causal=False, softmax_scale=scale)
+        out = torch.cat((square, rest), dim=1)
+    return out.transpose(1, 2)
 
 
 class MultiheadAttention(nn.Module):

@@ -265,3 +265,18 @@ Status attention_forward(const AttentionParams& params) {
 }
 
 }  // namespace waveboost::cpu
+
+namespace waveboost {
+
+const char* cpu_isa() {
+  static const cpu::Isa isa = cpu::detect_isa();
+  switch (isa) {
+    case cpu::Isa::kAvx512: return "avx512";
+    case cpu::Isa::kAvx2: return "avx2";
+    default: return "baseline";
+  }
+}
+
+int cpu_num_threads() { return cpu::configured_num_threads(); }
+
+}  // namespace waveboost

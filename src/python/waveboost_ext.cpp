@@ -233,6 +233,8 @@ AttentionParams make_params(const InputTensor& q, const InputTensor& k, const In
   p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
   p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
   p.o_batch_stride = out.stride(0), p.o_row_stride = out.stride(1), p.o_head_stride = out.stride(2);
+  if (!out_ptr)  // no output: describe the contiguous one a call would allocate, not q's (maybe broadcast) strides
+    p.o_head_stride = q.shape(3), p.o_row_stride = q.shape(2) * q.shape(3), p.o_batch_stride = q.shape(1) * p.o_row_stride;
 
   if (lse) {
     const InputTensor& l = *lse;
@@ -795,6 +797,8 @@ NB_MODULE(_waveboost, m) {
   m.def("cuda_compiled", &waveboost::cuda_compiled);
   m.def("cuda_architectures", &waveboost::cuda_architectures);
   m.def("cuda_device_count", &waveboost::cuda_device_count);
+  m.def("cpu_isa", &waveboost::cpu_isa);
+  m.def("cpu_num_threads", &waveboost::cpu_num_threads);
   m.def("cuda_device_description", &waveboost::cuda_device_description, nb::arg("device"));
 
   m.def(

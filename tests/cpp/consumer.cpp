@@ -2,7 +2,9 @@
 // float64 reference written here; also checks that bad params get a clear status.
 #include <waveboost/attention.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -55,7 +57,7 @@ int main() {
   p.dtype = waveboost::DType::kFloat32;
   p.device_type = waveboost::DeviceType::kCPU;
 
-  int failures = 0;
+  int failures = 0, checks = 3;
   for (bool causal : {false, true}) {
     p.is_causal = causal;
     const waveboost::Status s = waveboost::attention_forward(p, waveboost::Backend::kAuto, nullptr);
@@ -83,6 +85,54 @@ int main() {
   const waveboost::Status s = waveboost::attention_forward(bad, waveboost::Backend::kCPU, nullptr);
   std::printf("heads_kv=3 -> %s\n", s.message().c_str());
   failures += s.code() != waveboost::StatusCode::kInvalidArgument;
+
+  // softmax_scale left at its default (kDefaultSoftmaxScale) means 1 / sqrt(head_dim): the same bits
+  // as passing that scale explicitly.
+  {
+    waveboost::AttentionParams defaulted = p;
+    defaulted.softmax_scale = waveboost::AttentionParams{}.softmax_scale;
+    std::vector<float> out_default(out.size(), NAN);
+    defaulted.out = out_default.data();
+    const waveboost::Status sd = waveboost::attention_forward(defaulted, waveboost::Backend::kCPU, nullptr);
+    const bool same = sd.ok() && std::isnan(defaulted.softmax_scale) &&
+                      std::equal(out.begin(), out.end(), out_default.begin());  // p ran last with is_causal = true
+    std::printf("default softmax_scale -> %s\n", same ? "1/sqrt(head_dim), bitwise" : "MISMATCH");
+    failures += !same;
+    ++checks;
+  }
+
+  // Impossible layouts get kInvalidArgument naming the stride; broadcasts (stride 0) of inputs are fine.
+  auto expect_invalid = [&](const char* what, waveboost::AttentionParams params, const char* field) {
+    const waveboost::Status st = waveboost::attention_forward(params, waveboost::Backend::kAuto, nullptr);
+    const bool ok = st.code() == waveboost::StatusCode::kInvalidArgument && st.message().find(field) != std::string::npos;
+    std::printf("%s -> %s\n", what, st.message().c_str());
+    failures += !ok;
+    ++checks;
+  };
+  {
+    waveboost::AttentionParams bad_stride = p;
+    bad_stride.q_row_stride = 1;
+    expect_invalid("q_row_stride=1", bad_stride, "q_row_stride is 1 but head_dim is 64");
+    bad_stride = p;
+    bad_stride.k_head_stride = D / 2;
+    expect_invalid("k_head_stride=head_dim/2", bad_stride, "k_head_stride");
+    bad_stride = p;
+    bad_stride.o_batch_stride = 0;
+    expect_invalid("o_batch_stride=0", bad_stride, "o_batch_stride");
+    bad_stride = p;
+    bad_stride.o_head_stride = Lq * D, bad_stride.o_row_stride = D;  // rows and heads interleaved: (H, Lq, D) view
+    bad_stride.o_batch_stride = H * D;  // ...but batches step only one row of heads: they overlap
+    expect_invalid("out batches overlapping rows", bad_stride, "must not overlap itself");
+  }
+  {
+    waveboost::AttentionParams broadcast = p;
+    broadcast.is_causal = false;
+    broadcast.k_batch_stride = 0, broadcast.v_batch_stride = 0;  // every batch reads batch 0's keys
+    const waveboost::Status sb = waveboost::attention_forward(broadcast, waveboost::Backend::kAuto, nullptr);
+    std::printf("k, v batch-broadcast -> %s\n", sb.ok() ? "ok" : sb.message().c_str());
+    failures += !sb.ok();
+    ++checks;
+  }
 
   // A paged decode step: append every key of the dense batch into a paged cache (shuffled pages),
   // then attend with the last query row of each sequence; it must match that row of the dense call.
@@ -134,9 +184,10 @@ int main() {
     std::printf("paged decode (%s) max|out - ref| = %.3g, seqused = %d\n", st.ok() ? "ok" : st.message().c_str(),
                 max_err, seqused[0]);
     failures += !(max_err < 1e-5 && seqused[0] == Lk && seqused[B - 1] == Lk);
+    ++checks;
   }
 
   std::printf("waveboost %s, CUDA compiled: %s\n", waveboost::version(), waveboost::cuda_compiled() ? "yes" : "no");
-  std::printf("%d passed, %d failed\n", 4 - failures, failures);
+  std::printf("%d passed, %d failed\n", checks - failures, failures);
   return failures ? 1 : 0;
 }

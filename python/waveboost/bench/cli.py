@@ -17,7 +17,9 @@ DEFAULTS = {  # per device: max timed calls, time budget per cell and implementa
     "cpu": {"repeats": 20, "budget_ms": 200.0, "mem_limit_gb": 20.0},
     "cuda": {"repeats": 50, "budget_ms": 200.0, "mem_limit_gb": 20.0},
 }
-DEFAULT_BASELINE = {"cpu": ("torch_sdpa", "numpy"), "cuda": ("sdpa_flash", "sdpa_eff", "sdpa_math")}
+# Fixed per device, never picked by what happens to be installed: a speedup always says against what.
+DEFAULT_BASELINE = {"cpu": "numpy", "cuda": "sdpa_flash"}
+DEFAULT_SPREAD = 0.10
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda when torch sees a GPU, else cpu")
     p.add_argument("--impls", help="comma-separated names or globs (e.g. 'waveboost_*,sdpa_flash'); default: all")
-    p.add_argument("--baseline", help="implementation the speedups divide by (default: sdpa_flash on cuda, "
-                                      "torch_sdpa or numpy on cpu)")
+    p.add_argument("--baseline", help="implementation the speedups divide by (default: sdpa_flash on cuda, numpy on "
+                                      "cpu; without it in the run, no speedups are computed)")
     p.add_argument("--dtypes", help="e.g. float16,bfloat16 (fp16, bf16, fp32 accepted)")
     p.add_argument("--seqlens", help="e.g. 512,1024,2048")
     p.add_argument("--batch", help="e.g. 1,8,32 (fa2 default: 16384 / L)")
@@ -45,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-ms", type=float, help="time budget of the timed calls per cell (default: 200)")
     p.add_argument("--mem-limit-gb", type=float,
                    help="skip implementations whose score matrix would need more (default: 20)")
+    p.add_argument("--spread-threshold", type=float, default=DEFAULT_SPREAD,
+                   help="IQR / median of a cell's timed calls above which it is re-timed once and, still above, "
+                        "marked ~ unstable (default: 0.10)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     p.add_argument("--out", help="output folder (default: bench-results/<device>-<YYYYMMDD-HHMM>)")
     p.add_argument("--no-charts", action="store_true", help="write no PNG charts")
@@ -77,8 +82,8 @@ def select(registry: list, patterns: str | None) -> list:
 
 @contextmanager
 def progress_bar(total: int, use_rich: bool):
-    """Yields advance(description): a rich bar on stderr, or one plain line per cell."""
-    if use_rich:
+    """Yields advance(description): a rich bar on a terminal's stderr, else plain lines (a log file)."""
+    if use_rich and sys.stderr.isatty():
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -87,10 +92,12 @@ def progress_bar(total: int, use_rich: bool):
             yield lambda text, steps=1: bar.update(task, advance=steps, description=text)
         return
     done = [0]
+    started = time.perf_counter()
 
     def advance(text, steps=1):
         done[0] += steps
-        print(f"[{done[0]}/{total}] {text}", file=sys.stderr, flush=True)
+        state = "done" if steps else "running"
+        print(f"[{done[0]}/{total} {time.perf_counter() - started:.0f}s] {state}: {text}", file=sys.stderr, flush=True)
     yield advance
 
 
@@ -123,15 +130,23 @@ def main(argv: list[str] | None = None) -> int:
     impl_info = [{"name": i.name, "kind": i.kind, "missing": i.missing()} for i in chosen]
     runnable = [i for i, info in zip(chosen, impl_info) if not info["missing"]]
     names = [i.name for i in chosen]
-    baseline = args.baseline or next((n for n in DEFAULT_BASELINE[device] if n in [i.name for i in runnable]),
-                                     runnable[0].name if runnable else "")
+    runnable_names = [i.name for i in runnable]
     if args.baseline and args.baseline not in names:
         parser.error(f"--baseline {args.baseline!r} is not among the implementations: {', '.join(names)}")
+    if args.baseline and args.baseline not in runnable_names:
+        parser.error(f"--baseline {args.baseline!r} cannot run here: "
+                     f"{next(i['missing'] for i in impl_info if i['name'] == args.baseline)}")
+    baseline = args.baseline or DEFAULT_BASELINE[device]
+    if baseline not in runnable_names:
+        baseline = ""  # the default baseline is not in this run: no speedups rather than a silent substitute
+    if not args.spread_threshold > 0:
+        parser.error(f"--spread-threshold must be > 0; got {args.spread_threshold}")
 
     d = DEFAULTS[device]
     settings = measure.Settings(device=device, repeats=args.repeats or d["repeats"],
                                 budget_s=(args.budget_ms or d["budget_ms"]) / 1e3,
-                                mem_limit_bytes=(args.mem_limit_gb or d["mem_limit_gb"]) * 1e9, seed=args.seed)
+                                mem_limit_bytes=(args.mem_limit_gb or d["mem_limit_gb"]) * 1e9, seed=args.seed,
+                                spread_threshold=args.spread_threshold)
     env = report.environment(device)
     stamp = datetime.now().astimezone()
     out_dir = args.out or os.path.join("bench-results", f"{report.slug(env['name'])}-{stamp:%Y%m%d-%H%M}")
@@ -140,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {"preset": preset, "baseline": baseline, "repeats": settings.repeats,
                          "budget_ms": settings.budget_s * 1e3, "mem_limit_gb": settings.mem_limit_bytes / 1e9,
                          "seed": settings.seed, "tolerance": measure.TOLERANCE, "warmup_calls": measure.WARMUP_CALLS,
-                         "min_reps": measure.MIN_REPS, "cells": len(cases)}}
+                         "min_reps": measure.MIN_REPS, "cells": len(cases),
+                         "spread_threshold": settings.spread_threshold},
+            # The work each implementation faces: divide by a rate to estimate the run's length.
+            "gflop_per_impl": sum(c.flops for c in cases) / 1e9}
 
     use_rich = impls.module("rich") is not None and not args.plain
     flush = mempool = None
@@ -150,21 +168,32 @@ def main(argv: list[str] | None = None) -> int:
         mempool = measure.default_mempool()
     rows = []
     started = time.perf_counter()
-    with progress_bar(len(cases) * max(1, len(runnable)), use_rich) as advance:
-        for n, case in enumerate(cases):
-            inputs = measure.make_inputs(case, device, settings.seed + n)
-            reference = measure.Reference(case, inputs)
-            for impl in runnable:
-                advance(f"{case.title()}  {impl.name}", 0)
-                rows.append(measure.run_cell(case, impl, inputs, reference, settings, flush, mempool))
-                advance(f"{case.title()}  {impl.name}")
-            if not runnable:
-                advance(case.title())
-            del inputs, reference
-            if device == "cuda":
-                torch.cuda.empty_cache()  # hand cached blocks back so the next cell's JAX calls find memory
+    for line in report.header_lines(meta):
+        print(line, flush=True)
+    # Files are rewritten after every cell: an interrupted run keeps everything it measured.
+    try:
+        with progress_bar(len(cases) * max(1, len(runnable)), use_rich) as advance:
+            for n, case in enumerate(cases):
+                inputs = measure.make_inputs(case, device, settings.seed + n)
+                reference = measure.Reference(case, inputs)
+                for impl in runnable:
+                    advance(f"{case.title()}  {impl.name}", 0)
+                    rows.append(measure.run_cell(case, impl, inputs, reference, settings, flush, mempool))
+                    advance(f"{case.title()}  {impl.name}")
+                if not runnable:
+                    advance(case.title())
+                del inputs, reference
+                if device == "cuda":
+                    torch.cuda.empty_cache()  # hand cached blocks back so the next cell's JAX calls find memory
+                meta["cells_done"] = n + 1
+                meta["seconds"] = round(time.perf_counter() - started, 1)
+                report.add_speedups(rows, baseline)
+                written = report.write_files(out_dir, meta, impl_info, rows)
+    except KeyboardInterrupt:
+        meta["interrupted"] = True
+        print(f"interrupted after {meta.get('cells_done', 0)} of {len(cases)} cells; what was measured is in "
+              f"{out_dir}", file=sys.stderr)
     meta["seconds"] = round(time.perf_counter() - started, 1)
-
     report.add_speedups(rows, baseline)
     written = report.write_files(out_dir, meta, impl_info, rows)
     console = None
@@ -181,5 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         written += charts.write_charts(rows, meta, impl_info, out_dir)
     files = ", ".join(os.path.basename(w) for w in written)
     print(f"{len(cases)} cells in {meta['seconds']} s on {env['name']}; wrote {files} to {out_dir}")
+    unstable = sum(bool(r.get("unstable")) for r in rows)
+    if unstable:
+        print(f"~ {unstable} of {len(rows)} timings stayed unstable after a re-run (IQR over "
+              f"{settings.spread_threshold:.0%} of the median): other work on the machine? treat them with care")
+    if meta.get("interrupted"):
+        return 130
     failed = [r for r in rows if r["impl"].startswith("waveboost") and r["status"] in ("WRONG", "error")]
     return 1 if failed else 0

@@ -93,11 +93,12 @@ PRESETS = {
         seqlens=(512,), heads=(1,), head_dims=(64,),
         dtypes={"cpu": ("float32",), "cuda": ("float16",)}),
     "fa2": Preset(
-        doc="FlashAttention-2 paper grid (ANCHORS.md): 16k tokens (B = 16384 / L), hidden 2048 (H = 2048 / D)",
+        doc="the FlashAttention-2 paper's grid: 16k tokens (B = 16384 / L), hidden 2048 (H = 2048 / D)",
         seqlens=(512, 1024, 2048, 4096, 8192, 16384), head_dims=(64, 128), causal=(False, True),
         dtypes={"cpu": ("float32",), "cuda": ("float16", "bfloat16")}, tokens=16384, hidden=2048),
     "models": Preset(
-        doc="decoder prefill at model shapes (causal, bf16): LLaMA-3-70B/405B (GQA), an MHA and an MQA row",
+        doc="decoder prefill at model shapes (causal; bf16 on CUDA, fp32 on the CPU): LLaMA-3-70B/405B (GQA), "
+            "an MHA and an MQA row (long on a CPU: minutes per cell)",
         dtypes={"cpu": ("float32",), "cuda": ("bfloat16",)}, causal=(True,),
         rows=(
             _model("llama3-70b", 1, 4096, 64, 8, 128),

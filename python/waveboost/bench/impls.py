@@ -207,7 +207,7 @@ def registry(device: str) -> list[Impl]:
     impls = [Impl(f"waveboost_{b}", _waveboost(b, "cuda-event"), _waveboost_missing(b, "cuda"), "waveboost",
                   score_bytes=8 if b == "naive" else 0)  # naive: fp32 scores, then probabilities
              for b in WAVEBOOST_CUDA_BACKENDS + tuple(extra)]
-    # sdpa_math keeps fp32 scores, probabilities and casts: 9.7 GB for 1.07e9 scores (ANCHORS.md).
+    # sdpa_math keeps fp32 scores, probabilities and casts: 9.7 GB measured for 1.07e9 scores.
     impls += [Impl(name, _sdpa(backend), _needs("torch"), score_bytes=10 if name == "sdpa_math" else 0)
               for name, backend in SDPA_BACKENDS.items()]
     impls += [Impl("jax_cudnn", _jax("cudnn"), _jax_missing("cuda")),

@@ -17,7 +17,8 @@ from .impls import module
 CASE_COLUMNS = ["label", "batch", "seqlen", "heads", "kv_heads", "head_dim", "dtype", "causal"]
 CSV_COLUMNS = {
     "latency.csv": CASE_COLUMNS + ["impl", "status", "reason", "rel_err", "clock", "reps", "median_ms", "q1_ms",
-                                   "q3_ms", "min_ms", "max_ms", "speedup", "baseline"],
+                                   "q3_ms", "min_ms", "max_ms", "spread", "retimed", "unstable", "speedup",
+                                   "speedup_unstable", "baseline"],
     "throughput.csv": CASE_COLUMNS + ["impl", "status", "median_ms", "tokens_per_s", "tflops"],
     "memory.csv": CASE_COLUMNS + ["impl", "status", "mem_extra_bytes", "mem_extra_mb", "mem_method"],
 }
@@ -32,11 +33,13 @@ def cell_key(row: dict) -> tuple:
 
 def add_speedups(rows: list[dict], baseline: str) -> None:
     """speedup = baseline median / impl median within each cell (None where either did not run)."""
-    base = {cell_key(r): r["median_ms"] for r in rows if r["impl"] == baseline and r["status"] == "ok"}
+    base = {cell_key(r): r for r in rows if r["impl"] == baseline and r["status"] == "ok"}
     for r in rows:
         b = base.get(cell_key(r))
         r["baseline"] = baseline
-        r["speedup"] = b / r["median_ms"] if b and r["status"] == "ok" else None
+        r["speedup"] = b["median_ms"] / r["median_ms"] if b and r["status"] == "ok" else None
+        # A ratio is only as steady as the noisier of its two timings.
+        r["speedup_unstable"] = bool(r["speedup"] is not None and (r.get("unstable") or b.get("unstable")))
 
 
 def geomean(values) -> float | None:
@@ -95,6 +98,28 @@ def environment(device: str) -> dict:
     return env
 
 
+def header_lines(meta: dict) -> list[str]:
+    """What a reader needs to weigh the numbers: device, CPU path and threads, baseline, spread rule."""
+    env, settings = meta["environment"], meta["settings"]
+    info = env.get("waveboost_info") or {}
+    lines = [f"{env['name']} ({env['device']}), {env.get('cpu_count')} logical CPUs; waveboost "
+             f"{env['versions'].get('waveboost')}, CPU path {info.get('cpu_isa', '?')} with "
+             f"{info.get('cpu_threads', '?')} threads"
+             + (f"; torch {env['versions'].get('torch')} with {env['torch_threads']} threads"
+                if env.get("torch_threads") else "")]
+    if meta.get("gflop_per_impl") is not None:
+        lines.append(f"grid: {settings['cells']} cells, {meta['gflop_per_impl']:.4g} GFLOP per implementation "
+                     f"(preset {settings['preset']})")
+    baseline = settings["baseline"]
+    lines.append(f"speedup = {baseline} time / implementation time (--baseline to change)" if baseline
+                 else "no speedups: the baseline did not run (pick one with --baseline)")
+    lines.append(f"cells whose timed calls spread (IQR / median) over {settings['spread_threshold']:.0%} are "
+                 "re-timed once; still over: marked ~ (unstable)")
+    if meta.get("interrupted"):
+        lines.append(f"INTERRUPTED: {meta.get('cells_done', 0)} of {settings['cells']} cells measured")
+    return lines
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
@@ -138,8 +163,11 @@ def summary_markdown(meta: dict, impls: list[dict], rows: list[dict]) -> str:
     """Per-implementation counts and geometric-mean speedups, then waveboost-vs-peer latency ratios."""
     env = meta["environment"]
     baseline = meta["settings"]["baseline"]
+    unstable = sum(bool(r.get("unstable")) for r in rows)
     lines = [f"# {env['name']} ({env['device']}), {meta['date']}", "", f"Command: `{meta['command']}`", "",
-             f"| impl | ok | WRONG | other | geomean speedup vs {baseline} | best {rate_unit(env['device'])} |",
+             *header_lines(meta), "", f"Unstable timings (~): {unstable} of {len(rows)} rows.", "",
+             f"| impl | ok | WRONG | other | geomean speedup vs {baseline or '(none)'} | "
+             f"best {rate_unit(env['device'])} |",
              "|---|---|---|---|---|---|"]
     by_impl = defaultdict(list)
     for r in rows:
@@ -200,18 +228,18 @@ def table_rows(rows: list[dict], device: str) -> list[list[str]]:
             cell,
             r["impl"], status,
             _fmt(r.get("median_ms"), ".4g") if ok else "",
-            f"{r['q1_ms']:.3g}-{r['q3_ms']:.3g}" if ok else "",
+            f"{r['q1_ms']:.3g}-{r['q3_ms']:.3g}{' ~' if r.get('unstable') else ''}" if ok else "",
             _fmt(r["tflops"] * scale, ".1f") if ok else "",
             _fmt(r.get("tokens_per_s") and r["tokens_per_s"] / 1e6, ".3g") if ok else "",
             _fmt(mb and mb / 2**20, ".1f") if ok else "",
-            _fmt(r.get("speedup"), ".2f"),
+            _fmt(r.get("speedup"), ".2f") + (" ~" if r.get("speedup_unstable") else ""),
         ])
     return out
 
 
 def table_header(device: str, baseline: str) -> list[str]:
     return ["cell", "impl", "status", "median ms", "IQR ms", rate_unit(device), "Mtok/s", "extra MB",
-            f"x {baseline}"]
+            f"x {baseline}" if baseline else "x (no baseline)"]
 
 
 def print_table(rows: list[dict], impls: list[dict], device: str, baseline: str, console=None) -> None:

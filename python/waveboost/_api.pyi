@@ -1,0 +1,110 @@
+# Types of the public Python API (waveboost.attention, flash_attn_func, resolve_backend, info).
+# Arrays come back in the framework of `q` (NumPy, PyTorch, CuPy, JAX): the result type is q's type.
+# The one exception, a generic DLPack producer in host memory, gives NumPy arrays; type it as
+# numpy.ndarray (np.from_dlpack) if a checker should know.
+
+from typing import Any, Literal, Optional, TypedDict, TypeVar, overload
+
+_Array = TypeVar("_Array")
+
+BackendName = Literal["auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma"]
+ResolvedBackend = Literal["cpu", "naive", "simt", "wmma", "mma", "wgmma", "decode"]
+
+BACKENDS: tuple[BackendName, ...]
+
+class Info(TypedDict):
+    version: str
+    cuda_compiled: bool
+    cuda_architectures: str
+    gpus: list[str]
+    gpu: Optional[str]
+    backends: list[ResolvedBackend]
+    cpu_isa: Literal["avx512", "avx2", "baseline"]
+    cpu_threads: int
+
+def check_flag(value: Any, arg: str) -> bool: ...
+def check_backend(backend: Any) -> BackendName: ...
+def check_softmax_scale(softmax_scale: Any) -> Optional[float]: ...
+@overload
+def attention(
+    q: _Array,
+    k: _Array,
+    v: _Array,
+    *,
+    causal: bool = ...,
+    softmax_scale: Optional[float] = ...,
+    out: Optional[_Array] = ...,
+    return_lse: Literal[False] = ...,
+    backend: BackendName = ...,
+) -> _Array: ...
+@overload
+def attention(
+    q: _Array,
+    k: _Array,
+    v: _Array,
+    *,
+    causal: bool = ...,
+    softmax_scale: Optional[float] = ...,
+    out: Optional[_Array] = ...,
+    return_lse: Literal[True],
+    backend: BackendName = ...,
+) -> tuple[_Array, _Array]: ...
+@overload
+def attention(
+    q: _Array,
+    k: _Array,
+    v: _Array,
+    *,
+    causal: bool = ...,
+    softmax_scale: Optional[float] = ...,
+    out: Optional[_Array] = ...,
+    return_lse: bool,
+    backend: BackendName = ...,
+) -> _Array | tuple[_Array, _Array]: ...
+def resolve_backend(
+    q: _Array, k: _Array, v: _Array, *, causal: bool = ..., backend: BackendName = ...
+) -> ResolvedBackend: ...
+def info() -> Info: ...
+@overload
+def flash_attn_func(
+    q: _Array,
+    k: _Array,
+    v: _Array,
+    dropout_p: float = ...,
+    softmax_scale: Optional[float] = ...,
+    causal: bool = ...,
+    window_size: tuple[int, int] = ...,
+    softcap: float = ...,
+    alibi_slopes: None = ...,
+    deterministic: bool = ...,
+    return_attn_probs: Literal[False] = ...,
+) -> _Array: ...
+@overload
+def flash_attn_func(
+    q: _Array,
+    k: _Array,
+    v: _Array,
+    dropout_p: float = ...,
+    softmax_scale: Optional[float] = ...,
+    causal: bool = ...,
+    window_size: tuple[int, int] = ...,
+    softcap: float = ...,
+    alibi_slopes: None = ...,
+    deterministic: bool = ...,
+    *,
+    return_attn_probs: Literal[True],
+) -> tuple[_Array, _Array, None]: ...
+@overload
+def flash_attn_func(
+    q: _Array,
+    k: _Array,
+    v: _Array,
+    dropout_p: float = ...,
+    softmax_scale: Optional[float] = ...,
+    causal: bool = ...,
+    window_size: tuple[int, int] = ...,
+    softcap: float = ...,
+    alibi_slopes: None = ...,
+    deterministic: bool = ...,
+    return_attn_probs: bool = ...,
+) -> _Array | tuple[_Array, _Array, None]: ...
