@@ -485,17 +485,15 @@ inline Status flash_simt_grid_check(const AttentionParams& p, int64_t block_m) {
   return Status::Ok();
 }
 
-/// \brief Launches flash_simt_kernel on `stream`; the device must already be current.
+/// \brief Launches flash_simt_kernel on `stream`; the device must already be current and the
+/// problem non-empty (batch, heads, seqlen_q > 0), as attention_forward guarantees.
 /// Returns NotSupported when the tile does not fit the device's shared memory
 /// or the grid would pass 2^31 - 1 blocks, CudaError on a launch failure.
 template <typename Element, int kHeadDim>
 Status launch_flash_simt(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashSimtTraits<Element, kHeadDim>;
-  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
-
   int smem_optin = 0;
-  WAVEBOOST_CUDA_RETURN(
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
+  if (Status s = max_shared_memory_per_block(p.device_id, &smem_optin); !s.ok()) return s;
   if (Traits::kSmemBytes > smem_optin) {
     return Status::NotSupported("backend 'simt' needs " + std::to_string(Traits::kSmemBytes) +
                                 " bytes of shared memory per block at head_dim " + std::to_string(kHeadDim) +
