@@ -286,11 +286,11 @@ __global__ void __launch_bounds__(FlashSimtTraits<Element, kHeadDim>::kThreads,
     }
   }
 
-  // Key range: bottom-right causal lets the last valid row of the block see
-  // keys < m_end + seqlen_k - seqlen_q; tiles past that are skipped, not masked.
+  // Key range: under the bottom-right causal mask the last valid row of the block sees the
+  // most keys; tiles past those are skipped, not masked.
   const int64_t causal_offset = p.seqlen_k - p.seqlen_q;
   const int64_t m_end = min(m0 + kBlockM, p.seqlen_q);
-  const int64_t n_end = p.is_causal ? max(int64_t{0}, min(p.seqlen_k, m_end + causal_offset)) : p.seqlen_k;
+  const int64_t n_end = p.is_causal ? causal_keys_visible(m_end - 1, p) : p.seqlen_k;
   const int64_t num_n_tiles = (n_end + kBlockN - 1) / kBlockN;
 
   float row_max[kRows];  // running max of the log2-domain scores, shared by the row's 8 lanes

@@ -159,7 +159,7 @@ __global__ void naive_pv_kernel(const __grid_constant__ AttentionParams p, const
 
     // Keys past the last one the tile's last query sees have probs 0: skip them.
     int64_t key_end = p.seqlen_k;
-    if (p.is_causal) key_end = min(key_end, max(int64_t{0}, i0 + kTile + p.seqlen_k - p.seqlen_q));
+    if (p.is_causal) key_end = causal_keys_visible(i0 + kTile - 1, p);
 
     float acc = 0.0f;
     for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
