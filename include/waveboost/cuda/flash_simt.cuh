@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(FlashSimtTraits<Element, kHeadDim>::kThreads,
       for (int j = 1; j < kKeys; ++j) tile_max = fmaxf(tile_max, scores[i][j]);
 #pragma unroll
       for (int offset = 1; offset < kColGroups; offset *= 2) {
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarpMask, tile_max, offset));
       }
       const float new_max = fmaxf(row_max[i], tile_max);
       // A row that has seen no key yet keeps max -inf; subtracting 0 instead
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(FlashSimtTraits<Element, kHeadDim>::kThreads,
   for (int i = 0; i < kRows; ++i) {
     float sum = row_sum[i];
 #pragma unroll
-    for (int offset = 1; offset < kColGroups; offset *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    for (int offset = 1; offset < kColGroups; offset *= 2) sum += __shfl_xor_sync(kFullWarpMask, sum, offset);
     const int64_t row = m0 + row_base + kRowGroups * i;
     if (row >= p.seqlen_q) continue;
     const float inv_sum = sum == 0.0f ? 0.0f : 1.0f / sum;
@@ -506,7 +506,7 @@ Status launch_flash_simt(const AttentionParams& p, cudaStream_t stream) {
 
   const auto kernel = flash_simt_kernel<Element, kHeadDim>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
-  if (Traits::kSmemBytes > 48 * 1024) {
+  if (Traits::kSmemBytes > kSharedMemoryWithoutOptIn) {
     WAVEBOOST_CUDA_RETURN(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   }

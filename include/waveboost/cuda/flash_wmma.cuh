@@ -500,7 +500,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
       commit_copies();
     }
 
-    if (!__all_sync(0xffffffffu, alpha == 1.f)) {
+    if (!__all_sync(kFullWarpMask, alpha == 1.f)) {
       row_scale[lane] = alpha;
       __syncwarp();
       rescale<Traits>(o, row_scale, row_map);

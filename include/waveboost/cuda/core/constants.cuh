@@ -20,6 +20,8 @@ constexpr float kSmallestNormalFloat = 1.17549435e-38f;
 constexpr uint32_t kSignBitsHalf2 = 0x80008000u;
 // Every lane of a warp, for the *_sync warp intrinsics.
 constexpr unsigned kFullWarpMask = 0xffffffffu;
+// Dynamic shared memory a kernel gets without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
+constexpr int kSharedMemoryWithoutOptIn = 48 * 1024;
 // Largest gridDim.y and gridDim.z of a launch.
 constexpr int64_t kMaxGridYZ = 65535;
 
