@@ -265,13 +265,13 @@ AttentionBackwardParams with_resolved_scale(const AttentionBackwardParams& param
 }
 
 namespace {
-// Whether the tensor-core paths' grid (one block per 128 query rows of each batch and head)
+// Whether the wgmma path's grid (one block per kWgmmaBlockM query rows of each batch and head)
 // has at most one block per multiprocessor of the device.
 bool fits_one_wave(const AttentionParams& p) {
 #ifdef WAVEBOOST_WITH_CUDA
   int sms = 0;
   if (!cuda::multiprocessor_count(p.device_id, &sms).ok()) return false;
-  const int64_t blocks = p.batch * p.heads * ((p.seqlen_q + 127) / 128);
+  const int64_t blocks = p.batch * p.heads * ((p.seqlen_q + cuda::kWgmmaBlockM - 1) / cuda::kWgmmaBlockM);
   return blocks <= sms;
 #else
   (void)p;
@@ -290,18 +290,17 @@ Backend select_backend(const AttentionParams& p) {
   if (!p.is_dense()) return Backend::kDecode;
   if (p.heads_kv > 0 && p.seqlen_q * (p.heads / p.heads_kv) <= 64 && can_implement(p, Backend::kDecode).ok())
     return Backend::kDecode;
-  // On CUDA at the specialized head dims: mma (tensor cores; fp32 through 3xTF32) is
-  // 1.02-1.15x SDPA's FlashAttention-2 in fp16/bf16 and 1.5-2x SDPA's efficient kernel in
-  // fp32 on an H100 (benchmarks/NOTES.md), but needs sm_80+ and aligned data. What it
+  // On CUDA at the specialized head dims: mma (tensor cores; fp32 through 3xTF32) is ahead of
+  // SDPA's FlashAttention-2 in fp16/bf16 and of SDPA's efficient kernel in fp32 on an H100
+  // (benchmarks/results/*/fa2-*/summary.md), but needs sm_80+ and aligned data. What it
   // refuses goes to wmma (fp16/bf16) or simt (any dtype); the naive path covers every
   // other head dim.
   const bool specialized = p.head_dim == 64 || p.head_dim == 128;
-  // Hopper: wgmma is 1.14-1.51x FlashAttention-2 at head dim 128 (FA2 grid, H100), and at
-  // head dim 64 1.17-1.23x for seqlen >= 4096 but 2-3% behind mma at 1024, where its
-  // 128-key tiles and one block per SM leave less to overlap. That overlap needs a second
-  // block per SM: on a grid of at most one block per SM, wgmma is 1.06-1.3x mma at any
+  // Hopper: wgmma leads at head dim 128, and at head dim 64 for seqlen >= 2048, but trails mma
+  // at 1024, where its 128-key tiles and one block per SM leave less to overlap. That overlap
+  // needs a second block per SM: on a grid of at most one block per SM wgmma leads at any
   // seqlen, and where that grid leaves most SMs idle it splits the keys (split-KV) to fill
-  // them: 1.6-2.2x mma (benchmarks/small_grid_sweep.py).
+  // them. Measured: benchmarks/results/*/fa2-*/summary.md and .../small-grids/.
   const bool wgmma_wins = p.head_dim == 128 || p.seqlen_k >= 2048 || fits_one_wave(p);
   if (specialized && p.dtype != DType::kFloat32 && wgmma_wins && can_implement(p, Backend::kWgmma).ok())
     return Backend::kWgmma;

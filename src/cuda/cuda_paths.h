@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "waveboost/attention.h"
+#include "waveboost/cuda/core/constants.cuh"
 
 namespace waveboost::cuda {
 
@@ -19,7 +20,9 @@ Status mma_can_implement(const AttentionParams& params);
 Status wgmma_can_implement(const AttentionParams& params);
 
 // Launch on `stream` (a cudaStream_t) on params.device_id; asynchronous.
-// Expect validate(params) and the matching can_implement to have passed.
+// Expect validate(params) and the matching can_implement to have passed, and a non-empty
+// problem (batch, heads and seqlen_q > 0): attention_forward returns early on empty ones.
+// can_implement expects params on a CUDA device (attention.cpp's can_implement checks it).
 Status naive_forward(const AttentionParams& params, void* stream);
 Status simt_forward(const AttentionParams& params, void* stream);
 Status wmma_forward(const AttentionParams& params, void* stream);
@@ -43,6 +46,10 @@ Status compute_capability(int device_id, int* cc);
 
 // Number of streaming multiprocessors of a device, or a CUDA error.
 Status multiprocessor_count(int device_id, int* sms);
+
+// Shared memory one block may opt into on a device (cudaDevAttrMaxSharedMemoryPerBlockOptin),
+// queried once per device, or a CUDA error.
+Status max_shared_memory_per_block(int device_id, int* bytes);
 
 // A device's pool for kernel workspaces (cudaMallocFromPoolAsync / cudaFreeAsync on the
 // caller's stream), created on first use. Unlike the default pool, which hands its memory back

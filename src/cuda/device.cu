@@ -13,6 +13,7 @@ namespace {
 constexpr int kCachedDevices = 64;
 std::atomic<int> g_compute_capability[kCachedDevices];
 std::atomic<int> g_multiprocessors[kCachedDevices];
+std::atomic<int> g_shared_memory_optin[kCachedDevices];
 std::mutex g_pool_mutex;
 cudaMemPool_t g_workspace_pools[kCachedDevices];
 
@@ -47,6 +48,13 @@ Status compute_capability(int device_id, int* cc) {
 Status multiprocessor_count(int device_id, int* sms) {
   return cached_attribute(g_multiprocessors, device_id, sms, [device_id](int* value) {
     WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(value, cudaDevAttrMultiProcessorCount, device_id));
+    return Status::Ok();
+  });
+}
+
+Status max_shared_memory_per_block(int device_id, int* bytes) {
+  return cached_attribute(g_shared_memory_optin, device_id, bytes, [device_id](int* value) {
+    WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id));
     return Status::Ok();
   });
 }

@@ -10,9 +10,6 @@
 namespace waveboost::cuda {
 
 Status mma_can_implement(const AttentionParams& p) {
-  if (p.device_type != DeviceType::kCUDA) {
-    return Status::NotSupported("backend 'mma' runs on CUDA devices; got tensors on the CPU");
-  }
   const bool fp32 = p.dtype == DType::kFloat32;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16 && !fp32) {
     return Status::NotSupported(std::string("backend 'mma' supports float16, bfloat16 and float32; got ") +
@@ -38,7 +35,7 @@ Status mma_can_implement(const AttentionParams& p) {
                 FlashMmaTraits<__half, 64>::kBlockM == FlashMmaTraits<__nv_bfloat16, 128>::kBlockM);
   if (Status s = folded_grid_check(p, block_m, "mma"); !s.ok()) return s;
   int smem_optin = 0;
-  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
+  if (Status s = max_shared_memory_per_block(p.device_id, &smem_optin); !s.ok()) return s;
   const int smem_bytes = fp32 ? flash_mma_tf32_smem_bytes(p.head_dim) : flash_mma_smem_bytes(p.head_dim);
   if (smem_bytes > smem_optin) {
     return Status::NotSupported("backend 'mma' needs " + std::to_string(smem_bytes) +

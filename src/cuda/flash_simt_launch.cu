@@ -43,9 +43,6 @@ Status dispatch_head_dim(const AttentionParams& params, cudaStream_t stream) {
 }  // namespace
 
 Status simt_can_implement(const AttentionParams& params) {
-  if (params.device_type != DeviceType::kCUDA) {
-    return Status::NotSupported("backend 'simt' runs on CUDA tensors; got host tensors");
-  }
   if (params.dtype != DType::kFloat32 && params.dtype != DType::kFloat16 && params.dtype != DType::kBFloat16) {
     return Status::NotSupported(std::string("backend 'simt' supports float32, float16 and bfloat16; got ") +
                                 dtype_name(params.dtype));
@@ -68,9 +65,7 @@ Status simt_can_implement(const AttentionParams& params) {
   static_assert(FlashSimtTraits<float, 64>::kBlockM == FlashSimtTraits<__half, 128>::kBlockM &&
                 FlashSimtTraits<float, 128>::kBlockM == FlashSimtTraits<__nv_bfloat16, 64>::kBlockM);
   int smem_optin = 0;
-  const cudaError_t err =
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, params.device_id);
-  if (err != cudaSuccess) return cuda_status(err, "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  if (Status s = max_shared_memory_per_block(params.device_id, &smem_optin); !s.ok()) return s;
   const int smem_bytes = simt_smem_bytes(params.dtype, params.head_dim);
   if (smem_bytes > smem_optin) {
     return Status::NotSupported("backend 'simt' needs " + std::to_string(smem_bytes) +

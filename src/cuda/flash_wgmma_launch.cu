@@ -24,7 +24,6 @@ int flash_wgmma_hdim128_bf16_smem_bytes();
 
 namespace {
 
-
 Status unsupported_dtype(const AttentionParams& p) {
   return Status::NotSupported(std::string("backend 'wgmma' supports float16 and bfloat16; got ") +
                               dtype_name(p.dtype));
@@ -58,9 +57,6 @@ int smem_bytes(const AttentionParams& p, Status* why) {
 }  // namespace
 
 Status wgmma_can_implement(const AttentionParams& p) {
-  if (p.device_type != DeviceType::kCUDA) {
-    return Status::NotSupported("backend 'wgmma' runs on CUDA devices; got tensors on the CPU");
-  }
   Status why;
   const int smem_needed = smem_bytes(p, &why);
   if (smem_needed == 0) return why;
@@ -75,11 +71,11 @@ Status wgmma_can_implement(const AttentionParams& p) {
     return Status::NotSupported("backend 'wgmma' runs on compute capability 9.0 (Hopper) only; device " +
                                 std::to_string(p.device_id) + " has " + cc_string(cc));
   }
-  // 128 = FlashWgmmaTraits::kBlockM of every instantiation (that header compiles for sm_90a
-  // only); the launcher repeats this check with the traits' own value.
-  if (Status s = folded_grid_check(p, 128, "wgmma"); !s.ok()) return s;
+  // kWgmmaBlockM = FlashWgmmaTraits::kBlockM of every instantiation (that header compiles for
+  // sm_90a only); the launcher repeats this check with the traits' own value.
+  if (Status s = folded_grid_check(p, kWgmmaBlockM, "wgmma"); !s.ok()) return s;
   int smem_optin = 0;
-  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
+  if (Status s = max_shared_memory_per_block(p.device_id, &smem_optin); !s.ok()) return s;
   if (smem_needed > smem_optin) {
     return Status::NotSupported("backend 'wgmma' needs " + std::to_string(smem_needed) +
                                 " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
@@ -110,19 +106,17 @@ Status launch(const AttentionParams& p, const SplitKV& split, cudaStream_t s) {
 }  // namespace
 
 Status wgmma_forward(const AttentionParams& p, void* stream) {
-  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
   DeviceGuard guard(p.device_id);
   if (!guard.status().ok()) return guard.status();
   const auto s = static_cast<cudaStream_t>(stream);
 
-  // Blocks of 128 query rows x 128-key tiles (FlashWgmmaTraits::kBlockM and kBlockN).
   int multiprocessors = 0;
   if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
-  SplitKV split = split_kv_pieces(p.batch * p.heads * ((p.seqlen_q + 127) / 128), (p.seqlen_k + 127) / 128,
-                                  multiprocessors);
+  SplitKV split = split_kv_pieces(p.batch * p.heads * ((p.seqlen_q + kWgmmaBlockM - 1) / kWgmmaBlockM),
+                                  (p.seqlen_k + kWgmmaBlockN - 1) / kWgmmaBlockN, multiprocessors);
   if (split.num_splits == 1) return launch(p, split, s);
 
-  // The pieces: num_splits x blocks <= SMs, so at most 128 x SMs rows of head_dim + 1 floats
+  // The pieces: num_splits x blocks <= SMs, so at most kWgmmaBlockM x SMs rows of head_dim + 1 floats
   // (8.7 MB on an H100 at head dim 128), which the workspace pool keeps between calls.
   const size_t floats = static_cast<size_t>(split.num_splits * p.batch * p.heads * p.seqlen_q);
   const size_t bytes = floats * (p.head_dim + 1) * sizeof(float);

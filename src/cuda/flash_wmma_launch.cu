@@ -7,9 +7,6 @@
 namespace waveboost::cuda {
 
 Status wmma_can_implement(const AttentionParams& p) {
-  if (p.device_type != DeviceType::kCUDA) {
-    return Status::NotSupported("backend 'wmma' runs on CUDA devices; got tensors on the CPU");
-  }
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
     return Status::NotSupported(std::string("backend 'wmma' supports float16 and bfloat16; got ") +
                                 dtype_name(p.dtype));
@@ -27,13 +24,13 @@ Status wmma_can_implement(const AttentionParams& p) {
                                 cc_string(cc));
   }
   int smem_optin = 0;
-  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
+  if (Status s = max_shared_memory_per_block(p.device_id, &smem_optin); !s.ok()) return s;
   if (flash_wmma_block_n(p.head_dim, smem_optin) == 0) {
     return Status::NotSupported("backend 'wmma' needs " + std::to_string(flash_wmma_min_smem_bytes(p.head_dim)) +
                                 " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
                                 "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
   }
-  if (!flash_wmma_grid(p).fits()) return flash_wmma_grid_error(p);
+  if (Status s = folded_grid_check(p, kFlashWmmaBlockM, "wmma"); !s.ok()) return s;
   return Status::Ok();
 }
 

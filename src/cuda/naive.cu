@@ -8,9 +8,6 @@
 namespace waveboost::cuda {
 
 Status naive_can_implement(const AttentionParams& params) {
-  if (params.device_type != DeviceType::kCUDA) {
-    return Status::NotSupported("backend 'naive' runs on CUDA tensors; got host tensors");
-  }
   if (params.dtype != DType::kFloat32 && params.dtype != DType::kFloat16 && params.dtype != DType::kBFloat16) {
     return Status::NotSupported(std::string("backend 'naive' supports float32, float16 and bfloat16; got ") +
                                 dtype_name(params.dtype));
@@ -50,7 +47,6 @@ Status naive_can_implement(const AttentionParams& params) {
 }
 
 Status naive_forward(const AttentionParams& params, void* stream) {
-  if (params.batch == 0 || params.heads == 0 || params.seqlen_q == 0) return Status::Ok();
   DeviceGuard guard(params.device_id);
   if (!guard.status().ok()) return guard.status();
   const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);

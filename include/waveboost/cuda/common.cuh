@@ -1,5 +1,6 @@
-// Shared CUDA helpers for every waveboost kernel path: element conversions, where a
-// flash kernel's block stands, the 16 B copy check, error checks, device guard. Kernel
+// Shared CUDA helpers for every waveboost kernel path: element conversions, the 16 B copy
+// check, launch grids, split-KV sizing, error checks, device guard; through core/, the named
+// constants, the block locator (core/sequence.cuh) and the key masks (core/mask.cuh). Kernel
 // templates include this; host code that only dispatches includes src/cuda/cuda_paths.h.
 #pragma once
 
@@ -14,16 +15,11 @@
 #include <type_traits>
 
 #include "waveboost/attention.h"
+#include "waveboost/cuda/core/constants.cuh"
+#include "waveboost/cuda/core/mask.cuh"
+#include "waveboost/cuda/core/sequence.cuh"
 
 namespace waveboost::cuda {
-
-// log2(e): exp(x) == exp2(x * kLog2e); kernels fold it into the softmax scale.
-constexpr float kLog2e = 1.4426950408889634f;
-// ln(2): the kernels keep the row max in log2 units; LSE = max * kLn2 + log(sum).
-constexpr float kLn2 = 0.6931471805599453f;
-// |c max(S)| (scaled log2 units) from which the mma and wgmma softmax rounds c S before
-// subtracting the max (flash_mma.cuh, softmax_step): 2^24, where ulp(m) exceeds 1.
-constexpr float kExactExponentFrom = 16777216.f;
 
 // Element type <-> float, the accumulation type of every CUDA path.
 template <typename T>
@@ -43,23 +39,6 @@ template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-// DType -> element type, for the dispatch switches in each path's launcher file.
-template <DType kDType>
-struct ElementOf;
-template <>
-struct ElementOf<DType::kFloat16> { using type = __half; };
-template <>
-struct ElementOf<DType::kBFloat16> { using type = __nv_bfloat16; };
-template <>
-struct ElementOf<DType::kFloat32> { using type = float; };
-
-// First query row that sees key j under the bottom-right causal mask, and the
-// number of keys query row i sees (may be <= 0: the row sees nothing).
-__host__ __device__ __forceinline__ int64_t causal_keys_visible(int64_t row, const AttentionParams& p) {
-  const int64_t n = row + 1 + p.seqlen_k - p.seqlen_q;
-  return n < 0 ? 0 : (n > p.seqlen_k ? p.seqlen_k : n);
-}
 
 // Two floats rounded to a 16-bit element type, `lo` in the low 16 bits (the lower column index).
 template <typename Element>
@@ -90,51 +69,6 @@ __host__ __device__ inline bool vector_friendly(const AttentionParams& p, int64_
   return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out) && (strides & (elements_per_16B - 1)) == 0;
 }
 
-/// \brief Where one block of a flash kernel stands: its (batch, head), the query rows it owns
-/// and the key tiles those rows see.
-struct FlashBlock {
-  int64_t b, h, h_kv;  // batch, query head, the kv head it reads
-  int64_t m0;          // first query row
-  int64_t rows;        // query rows of the block (the last block may be partial)
-  int n_tiles;         // key tiles [0, n_tiles) are seen by some row of the block
-  int n_unmasked;      // key tiles [0, n_unmasked) are seen whole by every row
-
-  template <typename T>
-  __device__ __forceinline__ const T* q_rows(const AttentionParams& p) const {
-    return static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + m0 * p.q_row_stride;
-  }
-  template <typename T>
-  __device__ __forceinline__ const T* k_rows(const AttentionParams& p) const {
-    return static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
-  }
-  template <typename T>
-  __device__ __forceinline__ const T* v_rows(const AttentionParams& p) const {
-    return static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
-  }
-};
-
-/// \brief Locates query block m_index (of m_blocks, in launch order) of blocks of block_m rows
-/// and key tiles of block_n keys; batch * heads is folded over gridDim.y and gridDim.z (each
-/// capped at 65535), and false means a padding block past batch * heads. Causal: the last
-/// query blocks see the most keys, so they come first in launch order (a shorter grid tail).
-/// Tile counts fit int: 2^31 tiles of >= 32 keys would be 2^36 keys of one sequence.
-__device__ __forceinline__ bool locate_flash_block(const AttentionParams& p, bool causal, int64_t m_index,
-                                                   int64_t m_blocks, int64_t block_m, int64_t block_n,
-                                                   FlashBlock& blk) {
-  const int64_t bh = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
-  if (bh >= p.batch * p.heads) return false;
-  blk.b = bh / p.heads;
-  blk.h = bh % p.heads;
-  blk.h_kv = blk.h / (p.heads / p.heads_kv);
-  blk.m0 = (causal ? m_blocks - 1 - m_index : m_index) * block_m;
-  blk.rows = min(block_m, p.seqlen_q - blk.m0);
-  const int64_t key_end = causal ? causal_keys_visible(blk.m0 + blk.rows - 1, p) : p.seqlen_k;
-  const int64_t shared_keys = causal ? causal_keys_visible(blk.m0, p) : p.seqlen_k;
-  blk.n_tiles = static_cast<int>((key_end + block_n - 1) / block_n);
-  blk.n_unmasked = static_cast<int>(shared_keys / block_n);
-  return true;
-}
-
 // "8.6" for compute capability 86, for messages.
 inline std::string cc_string(int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); }
 
@@ -147,11 +81,10 @@ inline Status cuda_status(cudaError_t err, const char* what) {
 // 2^31 - 1), batch * heads folded over y and z (at most 65535 each).
 struct FoldedGrid {
   int64_t x = 0, y = 0, z = 0;
-  bool fits() const { return x <= INT32_MAX && y <= 65535 && z <= 65535; }
+  bool fits() const { return x <= INT32_MAX && y <= kMaxGridYZ && z <= kMaxGridYZ; }
 };
 
 inline FoldedGrid folded_grid(const AttentionParams& p, int64_t block_m) {
-  constexpr int64_t kMaxGridYZ = 65535;
   const int64_t bh = p.batch * p.heads;
   FoldedGrid grid;
   grid.x = (p.seqlen_q + block_m - 1) / block_m;
@@ -198,6 +131,10 @@ inline SplitKV split_kv_pieces(int64_t blocks, int64_t key_tiles, int multiproce
   split.tiles_per_split = static_cast<int>(per_piece);
   return split;
 }
+
+// Shared memory one block may opt into on a device, queried once per device (defined in
+// src/cuda/device.cu, declared for the host side in src/cuda/cuda_paths.h too).
+Status max_shared_memory_per_block(int device_id, int* bytes);
 
 // Makes params.device_id current for the scope and restores the caller's device.
 class DeviceGuard {

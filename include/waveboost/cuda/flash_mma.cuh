@@ -7,7 +7,7 @@
 //   S = Q K^T                          mma.sync m16n8k16, fp32 accumulators in registers
 //   m_new = max(m, c * rowmax(S))      c = softmax_scale * log2(e); a row spans one quad
 //   P = exp2(c * S - m_new)            one FFMA + ex2 per score, packed to 16 bits in registers
-//                                      (huge scores: see softmax_step)
+//                                      (huge scores: see core/softmax.cuh)
 //   l = exp2(m - m_new) * l + rowsum(P)
 //   O = exp2(m - m_new) * O + P V      P's registers are the A operand as they stand
 //
@@ -30,6 +30,10 @@
 #include <type_traits>
 
 #include "waveboost/cuda/common.cuh"
+#include "waveboost/cuda/core/epilogue.cuh"
+#include "waveboost/cuda/core/fragments.cuh"
+#include "waveboost/cuda/core/mask.cuh"
+#include "waveboost/cuda/core/softmax.cuh"
 #include "waveboost/cuda/mma_primitives.cuh"
 
 namespace waveboost::cuda {
@@ -75,6 +79,9 @@ struct FlashMmaTraits {
   static_assert(kChunksPerRow >= 8 && kRowsPerCopyPass % 8 == 0);
   static_assert(kBlockM % kRowsPerCopyPass == 0 && kBlockN % kRowsPerCopyPass == 0);
   static_assert(kRowsPerWarp * kChunksPerRow % 32 == 0, "the epilogue stores whole warps of chunks");
+
+  using ScoreFragments = MmaFragments<kMTiles, kKeyTiles>;  // S and P, per warp
+  using OutFragments = MmaFragments<kMTiles, kDimTiles>;    // O, per warp
 };
 
 namespace flash_mma {
@@ -195,124 +202,13 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[Traits::kMTiles][Traits
 }
 
 // ----------------------------------------------------------------------------
-// Online softmax on the accumulators
-// ----------------------------------------------------------------------------
-// Thread (g, t) of a warp holds, for m16 tile mt, rows g (half 0: elements 0, 1 of each n8
-// tile) and g + 8 (half 1: elements 2, 3). A row is spread over the 4 threads of a quad.
-
-// Scores of keys at or beyond the row's visible limit become -inf. `row_limit[mt][half]` is
-// the number of this tile's keys the row sees (0..kBlockN).
-template <typename Traits>
-__device__ __forceinline__ void mask_scores(float (&s)[Traits::kMTiles][Traits::kKeyTiles][4],
-                                            const int (&row_limit)[Traits::kMTiles][2], int t) {
-#pragma unroll
-  for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = nt * 8 + 2 * t + (e % 2);
-        if (key >= row_limit[mt][e / 2]) s[mt][nt][e] = -INFINITY;
-      }
-    }
-  }
-}
-
-// Folds the tile's scores into the running statistics and turns them into P (packed A
-// fragments). row_max is in scaled log2 units; row_sum is this thread's partial sum over its
-// columns (the quad's partials are added once, in the epilogue). Rescales O by
-// exp2(m_old - m_new) unless no row of the warp raised its max (exp2(0) == 1 exactly).
-//
-// The exponent. m = round(c max(S)), and one FFMA gives round(c s - m) from the exact
-// c s - m, so the largest score's exponent is the residual c max - m, |.| <= ulp(m) / 2.
-// While |m| < 2^24 that is <= 1/2: P stays in [2^-1/2, 2^1/2] at the max, and the common
-// factor cancels in O / l and in the LSE (which uses the same m). Beyond (scores of fp16
-// inputs near 65504 reach 1e10) it would overflow P or flush it to 0. A warp with such a row
-// first rounds t = c s for every score it holds and exponentiates t - m with the same FFMA
-// (factor 1): rounding is monotone, so m is the largest t, the max's exponent is exactly 0
-// and t - m is exact near it; the extra rounding of t is about that of the fp32 score
-// itself. The common case pays one compare per row and one vote per tile (measured: +6 to +8
-// instructions per key tile, against +1 per score for a separate subtract and multiply).
-template <typename Traits>
-__device__ __forceinline__ void softmax_step(float (&s)[Traits::kMTiles][Traits::kKeyTiles][4],
-                                             uint32_t (&p)[Traits::kMTiles][Traits::kKeySlices][4],
-                                             float (&o)[Traits::kMTiles][Traits::kDimTiles][4],
-                                             float (&row_max)[Traits::kMTiles][2], float (&row_sum)[Traits::kMTiles][2],
-                                             float scale_log2) {
-  using Element = typename Traits::Element;
-  float alpha[Traits::kMTiles][2];
-  float neg_reference[Traits::kMTiles][2];
-  bool rescale = false;
-  bool huge = false;
-#pragma unroll
-  for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float tile_max = s[mt][0][2 * half];
-#pragma unroll
-      for (int nt = 0; nt < Traits::kKeyTiles; ++nt)
-        tile_max = fmaxf(tile_max, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-      // scale_log2 > 0, so scaling commutes with the max; -inf stays -inf.
-      const float new_max = fmaxf(row_max[mt][half], mma::quad_max(tile_max) * scale_log2);
-      // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps
-      // exp2(-inf - ...) at 0 rather than NaN.
-      const float reference = new_max == -INFINITY ? 0.f : new_max;
-      alpha[mt][half] = mma::exp2(row_max[mt][half] - reference);
-      rescale |= new_max != row_max[mt][half];
-      huge |= fabsf(reference) >= kExactExponentFrom;  // +inf (an infinite score) too
-      row_max[mt][half] = new_max;
-      neg_reference[mt][half] = -reference;
-    }
-  }
-  float factor = scale_log2;
-  if (__any_sync(0xffffffffu, huge)) {
-    // __fmul_rn is never contracted into the FFMA below (which would restore the residual).
-#pragma unroll
-    for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = __fmul_rn(s[mt][nt][e], scale_log2);
-      }
-    }
-    factor = 1.f;
-  }
-#pragma unroll
-  for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
-        const float p0 = mma::exp2(fmaf(s[mt][nt][2 * half], factor, neg_reference[mt][half]));
-        const float p1 = mma::exp2(fmaf(s[mt][nt][2 * half + 1], factor, neg_reference[mt][half]));
-        sum += p0 + p1;
-        // Key tile nt fills half (nt % 2) of slice nt / 2: registers a{0,1} for the first
-        // 8 keys, a{2,3} for the next; a{0,2} are row g, a{1,3} row g + 8.
-        p[mt][nt / 2][2 * (nt % 2) + half] = pack_pair<Element>(p0, p1);
-      }
-      row_sum[mt][half] = row_sum[mt][half] * alpha[mt][half] + sum;
-    }
-  }
-  if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-    for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-#pragma unroll
-      for (int dt = 0; dt < Traits::kDimTiles; ++dt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[mt][dt][e] *= alpha[mt][e / 2];
-      }
-    }
-  }
-}
-
-// ----------------------------------------------------------------------------
 // One block: kBlockM query rows of one (batch, head)
 // ----------------------------------------------------------------------------
 
-template <typename Traits, bool kCausal>
+template <typename Traits, typename Mask>
 __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   using Element = typename Traits::Element;
+  using Softmax = OnlineSoftmax<typename Traits::ScoreFragments>;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kMTiles = Traits::kMTiles;
@@ -329,12 +225,13 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   const int t = lane % 4;  // thread in the quad
 
   FlashBlock blk;
-  if (!locate_flash_block(p, kCausal, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
+  if (!locate_flash_block<Mask>(p, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
+  const Mask mask = Mask::of(blk);
   const Element* q = blk.q_rows<Element>(p);
   const Element* k = blk.k_rows<Element>(p);
   const Element* v = blk.v_rows<Element>(p);
 
-  // Rows of this thread's accumulators: warp_m0 + 16 mt + 8 half + g.
+  // Rows of this thread's accumulators: warp_m0 + g + 8 r (r = 2 mt + half).
   const int64_t warp_m0 = blk.m0 + warp * Traits::kRowsPerWarp;
   float o[kMTiles][Traits::kDimTiles][4];
 #pragma unroll
@@ -345,26 +242,18 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
       for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
     }
   }
-  float row_max[kMTiles][2];
-  float row_sum[kMTiles][2];
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-    row_max[mt][0] = row_max[mt][1] = -INFINITY;
-    row_sum[mt][0] = row_sum[mt][1] = 0.f;
-  }
+  Softmax softmax;
+  softmax.init();
 
   if (blk.n_tiles > 0) {  // otherwise every row sees no key: the epilogue writes zeros
     load_tile<Traits, kBlockM, true>(q_tile, q, p.q_row_stride, blk.rows);
     mma::commit_copies();
-    load_tile<Traits, kBlockN, true>(k_tile, k + (blk.n_tiles - 1) * kBlockN * p.k_row_stride, p.k_row_stride,
-                                     p.seqlen_k - (blk.n_tiles - 1) * kBlockN);
+    const int64_t last_n0 = int64_t{blk.n_tiles - 1} * kBlockN;
+    load_tile<Traits, kBlockN, true>(k_tile, blk.k_tile(p, k, last_n0), p.k_row_stride, blk.seqlen_k - last_n0);
     mma::commit_copies();
 
-    // softmax(c S) with c < 0 is softmax(|c| (-Q) K^T): each warp flips the sign bits of its
-    // own Q rows once (exact), and the loop only ever sees a positive scale, which commutes
-    // with the row max. c == 0 becomes the smallest normal float: every c S then rounds
-    // exp2 to exactly 1 as c = 0 would, while masked -inf scores stay -inf (not 0 * -inf).
-    const float scale_log2 = fmaxf(static_cast<float>(fabs(p.softmax_scale) * kLog2e), 1.17549435e-38f);
+    // A negative scale: each warp flips the sign bits of its own Q rows once (exact).
+    const float scale_log2 = positive_scale_log2(p);
     if (p.softmax_scale < 0) {
       mma::wait_copies<1>();
       __syncthreads();  // Q rows arrive through other warps' copies
@@ -372,7 +261,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
 #pragma unroll
       for (int i = lane; i < Traits::kRowsPerWarp * Traits::kChunksPerRow; i += 32) {
         uint4 x = q_rows[i];
-        x.x ^= 0x80008000u, x.y ^= 0x80008000u, x.z ^= 0x80008000u, x.w ^= 0x80008000u;
+        x.x ^= kSignBitsHalf2, x.y ^= kSignBitsHalf2, x.z ^= kSignBitsHalf2, x.w ^= kSignBitsHalf2;
         q_rows[i] = x;
       }
       __syncwarp();
@@ -389,43 +278,26 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
       const int64_t n0 = static_cast<int64_t>(j) * kBlockN;
       mma::wait_copies<0>();
       __syncthreads();  // K(j) (and Q) visible to every warp; every warp is done reading V(j+1)
-      if (kMasked && n0 + kBlockN > p.seqlen_k) {
-        load_tile<Traits, kBlockN, true>(v_tile, v + n0 * p.v_row_stride, p.v_row_stride, p.seqlen_k - n0);
+      if (kMasked && mask.partial_tile(n0, kBlockN)) {
+        load_tile<Traits, kBlockN, true>(v_tile, blk.v_tile(p, v, n0), p.v_row_stride, blk.seqlen_k - n0);
       } else {
-        load_tile<Traits, kBlockN, false>(v_tile, v + n0 * p.v_row_stride, p.v_row_stride, kBlockN);
+        load_tile<Traits, kBlockN, false>(v_tile, blk.v_tile(p, v, n0), p.v_row_stride, kBlockN);
       }
       mma::commit_copies();
 
       float s[kMTiles][Traits::kKeyTiles][4];
       scores<Traits>(s, q_lane, k_lane);
-      if constexpr (kMasked) {
-        // Keys of this tile that row r sees: min(r + 1 + seqlen_k - seqlen_q, seqlen_k) - n0,
-        // clamped to [0, kBlockN]. This thread's rows are r0 + {0, 8, 16, 24}; clamping the
-        // 64-bit r0 term to [-32, kBlockN] first changes no clamped result and keeps the rest in int.
-        const int tail_limit = static_cast<int>(min(p.seqlen_k - n0, int64_t{kBlockN}));
-        int causal_limit = kBlockN;
-        if constexpr (kCausal) {
-          const int64_t r0_limit = warp_m0 + g + 1 + p.seqlen_k - p.seqlen_q - n0;
-          causal_limit = static_cast<int>(max(int64_t{-32}, min(r0_limit, int64_t{kBlockN})));
-        }
-        int row_limit[kMTiles][2];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int causal = kCausal ? causal_limit + 16 * mt + 8 * half : kBlockN;
-            row_limit[mt][half] = max(0, min(causal, tail_limit));
-          }
-        }
-        mask_scores<Traits>(s, row_limit, t);
-      }
+      if constexpr (kMasked) mask.template mask_tile<typename Traits::ScoreFragments, kBlockN>(s, warp_m0 + g, n0, t);
+      float alpha[Softmax::kRows];
       uint32_t prob[kMTiles][Traits::kKeySlices][4];
-      softmax_step<Traits>(s, prob, o, row_max, row_sum, scale_log2);
+      const bool raised = softmax.template step_packed<Element>(s, alpha, scale_log2, prob);
+      // Unless no row of the warp raised its max (exp2(0) == 1 exactly).
+      if (__any_sync(kFullWarpMask, raised)) Softmax::template rescale<typename Traits::OutFragments>(o, alpha);
 
       mma::wait_copies<0>();
       __syncthreads();  // V(j) visible to every warp; every warp is done reading K(j)
       if (j > 0) {
-        load_tile<Traits, kBlockN, false>(k_tile, k + (n0 - kBlockN) * p.k_row_stride, p.k_row_stride, kBlockN);
+        load_tile<Traits, kBlockN, false>(k_tile, blk.k_tile(p, k, n0 - kBlockN), p.k_row_stride, kBlockN);
         mma::commit_copies();
       }
       accumulate_pv<Traits>(o, prob, v_lane);
@@ -436,54 +308,21 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
     for (; j >= 0; --j) attend_key_tile(j, std::false_type{});
   }
 
-  // Epilogue. O /= l; a row that saw no key (or only -inf scores) has l = 0 and O = 0 and
-  // stays 0 with LSE -inf. A NaN l (NaN or +inf scores) makes O and LSE NaN.
-  float inv_sum[kMTiles][2];
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float sum = mma::quad_sum(row_sum[mt][half]);
-      inv_sum[mt][half] = sum == 0.f ? 0.f : 1.f / sum;
-      const int64_t row = warp_m0 + 16 * mt + 8 * half + g;
-      if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
-        p.lse[blk.b * p.lse_batch_stride + blk.h * p.lse_head_stride + row] =
-            sum == 0.f ? -INFINITY : row_max[mt][half] * kLn2 + logf(sum);
-      }
-    }
-  }
+  float inv_sum[Softmax::kRows];
+  softmax.finalize(inv_sum);
+  write_lse(p, blk, warp_m0 + g, softmax, t);
 
   // O goes through the warp's own Q rows in shared memory (no other warp reads them, and no
   // copy is in flight) to leave as 16 B row-contiguous stores. Fragment writes: the quad's
   // four 4 B words of one chunk, eight rows with distinct swizzles: conflict-free.
   __syncwarp();  // every lane's last ldmatrix of Q is done
-  uint32_t* o_words = reinterpret_cast<uint32_t*>(q_smem + warp * Traits::kRowsPerWarp * Traits::kHeadDim);
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = 16 * mt + 8 * half + g;
-#pragma unroll
-      for (int dt = 0; dt < Traits::kDimTiles; ++dt) {
-        o_words[swizzled<Traits>(row, dt) / 2 + t] = pack_pair<Element>(
-            o[mt][dt][2 * half] * inv_sum[mt][half], o[mt][dt][2 * half + 1] * inv_sum[mt][half]);
-      }
-    }
-  }
+  Element* const o_rows = q_smem + warp * Traits::kRowsPerWarp * Traits::kHeadDim;
+  stage_output<typename Traits::OutFragments, Element>(
+      o, inv_sum, g, t, [&](int row, int dt) { return reinterpret_cast<uint32_t*>(o_rows + swizzled<Traits>(row, dt)); });
   __syncwarp();
-  const Element* o_rows = q_smem + warp * Traits::kRowsPerWarp * Traits::kHeadDim;
-  Element* out =
-      static_cast<Element*>(p.out) + blk.b * p.o_batch_stride + blk.h * p.o_head_stride + warp_m0 * p.o_row_stride;
-  const int64_t valid_rows = p.seqlen_q - warp_m0;
-#pragma unroll
-  for (int i = 0; i < Traits::kRowsPerWarp * Traits::kChunksPerRow / 32; ++i) {
-    const int row = (i * 32 + lane) / Traits::kChunksPerRow;
-    const int chunk = (i * 32 + lane) % Traits::kChunksPerRow;
-    if (row < valid_rows) {
-      *reinterpret_cast<uint4*>(out + row * p.o_row_stride + chunk * Traits::kChunk) =
-          *reinterpret_cast<const uint4*>(o_rows + swizzled<Traits>(row, chunk));
-    }
-  }
+  store_staged_rows<Traits::kRowsPerWarp, Traits::kChunksPerRow>(
+      blk.o_row<Element>(p, warp_m0), p.o_row_stride, blk.seqlen_q - warp_m0, lane,
+      [&](int row, int chunk) { return o_rows + swizzled<Traits>(row, chunk); });
 }
 
 }  // namespace flash_mma
@@ -496,7 +335,7 @@ __global__ void __launch_bounds__(FlashMmaTraits<Element, kHeadDim>::kThreads, 2
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // cp.async and bf16 mma need sm_80; mma_can_implement refuses older devices
 #else
-  flash_mma::attend_block<FlashMmaTraits<Element, kHeadDim>, kCausal>(p);
+  flash_mma::attend_block<FlashMmaTraits<Element, kHeadDim>, CausalMask<kCausal>>(p);
 #endif
 }
 
@@ -525,10 +364,10 @@ Status launch_flash_mma_kernel(const AttentionParams& p, cudaStream_t stream) {
   return cuda_status(cudaGetLastError(), "flash_mma_kernel launch");
 }
 
-/// \brief Launches the mma.sync forward on `stream` (params.device_id must be current).
+/// \brief Launches the mma.sync forward on `stream` (params.device_id current, batch * heads *
+/// seqlen_q > 0, as attention_forward guarantees).
 template <typename Element, int kHeadDim>
 Status launch_flash_mma(const AttentionParams& p, cudaStream_t stream) {
-  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
   return p.is_causal ? launch_flash_mma_kernel<Element, kHeadDim, true>(p, stream)
                      : launch_flash_mma_kernel<Element, kHeadDim, false>(p, stream);
 }

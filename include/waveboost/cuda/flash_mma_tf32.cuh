@@ -66,7 +66,10 @@
 #include <type_traits>
 
 #include "waveboost/cuda/common.cuh"
-#include "waveboost/cuda/flash_mma.cuh"
+#include "waveboost/cuda/core/epilogue.cuh"
+#include "waveboost/cuda/core/fragments.cuh"
+#include "waveboost/cuda/core/mask.cuh"
+#include "waveboost/cuda/core/softmax.cuh"
 #include "waveboost/cuda/mma_primitives.cuh"
 
 namespace waveboost::cuda {
@@ -108,6 +111,9 @@ struct FlashMmaTf32Traits {
   static_assert(kRowsPerCopyPass == 4 || kRowsPerCopyPass == 8);
   static_assert(kBlockM % kRowsPerCopyPass == 0 && kBlockN % kRowsPerCopyPass == 0);
   static_assert(kQTileBytes % 128 == 0 && kKVTileBytes % 128 == 0, "tiles on 128 B boundaries");
+
+  using ScoreFragments = MmaFragments<kMTiles, kKeyTiles>;  // S and P (fp32), per warp
+  using OutFragments = MmaFragments<kMTiles, kDimTiles>;    // O, per warp (columns renumbered)
 };
 
 namespace flash_mma_tf32 {
@@ -252,7 +258,7 @@ __device__ __forceinline__ void scores(float (&s)[1][Traits::kKeyTiles][4], cons
 
 // O = alpha O + P V(tile), P in the S accumulator layout (probabilities, fp32).
 template <typename Traits>
-__device__ __forceinline__ void accumulate_pv(float (&o)[Traits::kDimTiles][4], const float (&prob)[1][Traits::kKeyTiles][4],
+__device__ __forceinline__ void accumulate_pv(float (&o)[1][Traits::kDimTiles][4], const float (&prob)[1][Traits::kKeyTiles][4],
                                               const float (&alpha)[2], const unsigned char* smem,
                                               const uint32_t (&v_offset)[2]) {
   // Key slice ks = key tile ks renumbered: (c0, c2, c1, c3) is the A fragment.
@@ -284,47 +290,9 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[Traits::kDimTiles][4], 
     for (int w = 0; w < 4; ++w) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        o[4 * quad + w][e] = fmaf(o[4 * quad + w][e], alpha[e / 2], pv[w][e] + corr[w][e]);
+        o[0][4 * quad + w][e] = fmaf(o[0][4 * quad + w][e], alpha[e / 2], pv[w][e] + corr[w][e]);
       }
     }
-  }
-}
-
-// ----------------------------------------------------------------------------
-// Online softmax
-// ----------------------------------------------------------------------------
-
-// Folds the tile's scores (log2 units) into the running max and sum and turns them into
-// probabilities in place; alpha[half] = exp2(m_old - m_new) rescales O and row_sum. row_sum is
-// this thread's partial over its columns (the quad's partials are added in the epilogue).
-// The scores are already scaled, so m is one of them: the max's exponent s - m is exactly 0
-// and accurate near it however large the scores (no rounding residual of c max, unlike the
-// 16-bit path's FFMA).
-template <typename Traits>
-__device__ __forceinline__ void softmax_step(float (&s)[1][Traits::kKeyTiles][4], float (&alpha)[2],
-                                             float (&row_max)[2], float (&row_sum)[2]) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float tile_max = s[0][0][2 * half];
-#pragma unroll
-    for (int nt = 0; nt < Traits::kKeyTiles; ++nt)
-      tile_max = fmaxf(tile_max, fmaxf(s[0][nt][2 * half], s[0][nt][2 * half + 1]));
-    const float new_max = fmaxf(row_max[half], mma::quad_max(tile_max));
-    // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps
-    // exp2(-inf - ...) at 0 rather than NaN.
-    const float reference = new_max == -INFINITY ? 0.f : new_max;
-    alpha[half] = mma::exp2(row_max[half] - reference);
-    row_max[half] = new_max;
-    float sum = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
-#pragma unroll
-      for (int e = 2 * half; e < 2 * half + 2; ++e) {
-        s[0][nt][e] = mma::exp2(s[0][nt][e] - reference);
-        sum += s[0][nt][e];
-      }
-    }
-    row_sum[half] = row_sum[half] * alpha[half] + sum;
   }
 }
 
@@ -332,8 +300,9 @@ __device__ __forceinline__ void softmax_step(float (&s)[1][Traits::kKeyTiles][4]
 // One block: kBlockM query rows of one (batch, head)
 // ----------------------------------------------------------------------------
 
-template <typename Traits, bool kCausal>
+template <typename Traits, typename Mask>
 __device__ __forceinline__ void attend_block(const AttentionParams& p) {
+  using Softmax = OnlineSoftmax<typename Traits::ScoreFragments>;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
 
@@ -350,27 +319,29 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   const int t = lane % 4;  // thread in the quad
 
   FlashBlock blk;
-  if (!locate_flash_block(p, kCausal, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
+  if (!locate_flash_block<Mask>(p, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
+  const Mask mask = Mask::of(blk);
   const float* q = blk.q_rows<float>(p);
   const float* k = blk.k_rows<float>(p);
   const float* v = blk.v_rows<float>(p);
 
-  // Rows of this thread's accumulators: warp_m0 + 8 half + g.
+  // Rows of this thread's accumulators: warp_m0 + g + 8 r.
   const int64_t warp_m0 = blk.m0 + warp * Traits::kRowsPerWarp;
-  float o[Traits::kDimTiles][4];
+  float o[1][Traits::kDimTiles][4];
 #pragma unroll
   for (int dt = 0; dt < Traits::kDimTiles; ++dt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[dt][e] = 0.f;
+    for (int e = 0; e < 4; ++e) o[0][dt][e] = 0.f;
   }
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};
+  Softmax softmax;
+  softmax.init();
 
   if (blk.n_tiles > 0) {  // otherwise every row sees no key: the epilogue writes zeros
     load_tile<Traits, kBlockM, true>(smem_base + kQTile, q, p.q_row_stride, blk.rows);
     mma::commit_copies();
-    load_tile<Traits, kBlockN, true>(smem_base + kKTile, k + (blk.n_tiles - 1) * kBlockN * p.k_row_stride,
-                                     p.k_row_stride, p.seqlen_k - (blk.n_tiles - 1) * kBlockN);
+    const int64_t last_n0 = int64_t{blk.n_tiles - 1} * kBlockN;
+    load_tile<Traits, kBlockN, true>(smem_base + kKTile, blk.k_tile(p, k, last_n0), p.k_row_stride,
+                                     blk.seqlen_k - last_n0);
     mma::commit_copies();
 
     // Q *= softmax_scale * log2(e), once: scores come out in log2 units, of either sign of the
@@ -399,40 +370,25 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
       const int64_t n0 = static_cast<int64_t>(j) * kBlockN;
       mma::wait_copies<0>();
       __syncthreads();  // K(j) visible to every warp; every warp is done reading V(j+1)
-      if (kMasked && n0 + kBlockN > p.seqlen_k) {
-        load_tile<Traits, kBlockN, true>(smem_base + kVTile, v + n0 * p.v_row_stride, p.v_row_stride, p.seqlen_k - n0);
+      if (kMasked && mask.partial_tile(n0, kBlockN)) {
+        load_tile<Traits, kBlockN, true>(smem_base + kVTile, blk.v_tile(p, v, n0), p.v_row_stride, blk.seqlen_k - n0);
       } else {
-        load_tile<Traits, kBlockN, false>(smem_base + kVTile, v + n0 * p.v_row_stride, p.v_row_stride, kBlockN);
+        load_tile<Traits, kBlockN, false>(smem_base + kVTile, blk.v_tile(p, v, n0), p.v_row_stride, kBlockN);
       }
       mma::commit_copies();
 
       float s[1][Traits::kKeyTiles][4];
       scores<Traits>(s, smem, q_offset, k_offset);
-      if constexpr (kMasked) {
-        // Keys of this tile that row r sees: min(r + 1 + seqlen_k - seqlen_q, seqlen_k) - n0,
-        // clamped to [0, kBlockN]. This thread's rows are r0 + {0, 8}; clamping the 64-bit r0
-        // term to [-kRowsPerWarp, kBlockN] first changes no clamped result and keeps the rest in int.
-        const int tail_limit = static_cast<int>(min(p.seqlen_k - n0, int64_t{kBlockN}));
-        int causal_limit = kBlockN;
-        if constexpr (kCausal) {
-          const int64_t r0_limit = warp_m0 + g + 1 + p.seqlen_k - p.seqlen_q - n0;
-          causal_limit = static_cast<int>(max(int64_t{-Traits::kRowsPerWarp}, min(r0_limit, int64_t{kBlockN})));
-        }
-        int row_limit[1][2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int causal = kCausal ? causal_limit + 8 * half : kBlockN;
-          row_limit[0][half] = max(0, min(causal, tail_limit));
-        }
-        flash_mma::mask_scores<Traits>(s, row_limit, t);
-      }
-      float alpha[2];
-      softmax_step<Traits>(s, alpha, row_max, row_sum);
+      if constexpr (kMasked) mask.template mask_tile<typename Traits::ScoreFragments, kBlockN>(s, warp_m0 + g, n0, t);
+      // The scores are already scaled (Q was), so the max's exponent is exactly 0; O's
+      // rescale rides on accumulate_pv's FFMA, every tile.
+      float alpha[Softmax::kRows];
+      softmax.template step<true>(s, alpha, scale_log2);
 
       mma::wait_copies<0>();
       __syncthreads();  // V(j) visible to every warp; every warp is done reading K(j)
       if (j > 0) {
-        load_tile<Traits, kBlockN, false>(smem_base + kKTile, k + (n0 - kBlockN) * p.k_row_stride, p.k_row_stride,
+        load_tile<Traits, kBlockN, false>(smem_base + kKTile, blk.k_tile(p, k, n0 - kBlockN), p.k_row_stride,
                                           kBlockN);
         mma::commit_copies();
       }
@@ -444,31 +400,27 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
     for (; j >= 0; --j) attend_key_tile(j, std::false_type{});
   }
 
-  // Epilogue. O /= l; a row that saw no key has l = 0 and O = 0 and stays 0. Thread (g, t)
-  // holds dims 32 u + 4t + {0..3} (columns 2t of n8 tiles 4u..4u+3) and 32 u + 16 + 4t + {0..3}
-  // (columns 2t + 1) of rows g and g + 8: 16 B stores straight to global memory, each quad
-  // writing 64 contiguous bytes of a row (whole 32 B sectors).
-  float* out = static_cast<float*>(p.out) + blk.b * p.o_batch_stride + blk.h * p.o_head_stride;
+  float inv_sum[Softmax::kRows];
+  softmax.finalize(inv_sum);
+  write_lse(p, blk, warp_m0 + g, softmax, t);
+
+  // O / l. Thread (g, t) holds dims 32 u + 4t + {0..3} (columns 2t of n8 tiles 4u..4u+3) and
+  // 32 u + 16 + 4t + {0..3} (columns 2t + 1) of rows g and g + 8: 16 B stores straight to
+  // global memory, each quad writing 64 contiguous bytes of a row (whole 32 B sectors).
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    // A NaN sum (NaN inputs) stays NaN in O and LSE; only an empty row gets zeros and -inf.
-    const float sum = mma::quad_sum(row_sum[half]);
-    const float inv_sum = sum == 0.f ? 0.f : 1.f / sum;
     const int64_t row = warp_m0 + 8 * half + g;
-    if (row >= p.seqlen_q) continue;
-    if (p.lse != nullptr && t == 0) {
-      p.lse[blk.b * p.lse_batch_stride + blk.h * p.lse_head_stride + row] =
-          sum == 0.f ? -INFINITY : row_max[half] * kLn2 + logf(sum);
-    }
-    float* out_row = out + row * p.o_row_stride + 4 * t;
+    if (row >= blk.seqlen_q) continue;
+    float* out_row = blk.o_row<float>(p, row) + 4 * t;
 #pragma unroll
     for (int quad = 0; quad < Traits::kDimQuads; ++quad) {
 #pragma unroll
       for (int column = 0; column < 2; ++column) {
         const int e = 2 * half + column;
-        const float4 x = make_float4(o[4 * quad][e] * inv_sum, o[4 * quad + 1][e] * inv_sum,
-                                     o[4 * quad + 2][e] * inv_sum, o[4 * quad + 3][e] * inv_sum);
-        *reinterpret_cast<float4*>(out_row + 32 * quad + 16 * column) = x;
+        const float x = inv_sum[half];
+        *reinterpret_cast<float4*>(out_row + 32 * quad + 16 * column) =
+            make_float4(o[0][4 * quad][e] * x, o[0][4 * quad + 1][e] * x, o[0][4 * quad + 2][e] * x,
+                        o[0][4 * quad + 3][e] * x);
       }
     }
   }
@@ -484,7 +436,7 @@ __global__ void __launch_bounds__(FlashMmaTf32Traits<kHeadDim>::kThreads, FlashM
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // cp.async and tf32 mma need sm_80; mma_can_implement refuses older devices
 #else
-  flash_mma_tf32::attend_block<FlashMmaTf32Traits<kHeadDim>, kCausal>(p);
+  flash_mma_tf32::attend_block<FlashMmaTf32Traits<kHeadDim>, CausalMask<kCausal>>(p);
 #endif
 }
 
@@ -510,10 +462,10 @@ Status launch_flash_mma_tf32_kernel(const AttentionParams& p, cudaStream_t strea
   return cuda_status(cudaGetLastError(), "flash_mma_tf32_kernel launch");
 }
 
-/// \brief Launches the fp32 (3xTF32) mma.sync forward on `stream` (params.device_id must be current).
+/// \brief Launches the fp32 (3xTF32) mma.sync forward on `stream` (params.device_id current, batch * heads *
+/// seqlen_q > 0, as attention_forward guarantees).
 template <int kHeadDim>
 Status launch_flash_mma_tf32(const AttentionParams& p, cudaStream_t stream) {
-  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
   return p.is_causal ? launch_flash_mma_tf32_kernel<kHeadDim, true>(p, stream)
                      : launch_flash_mma_tf32_kernel<kHeadDim, false>(p, stream);
 }

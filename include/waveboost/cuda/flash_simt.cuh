@@ -286,11 +286,11 @@ __global__ void __launch_bounds__(FlashSimtTraits<Element, kHeadDim>::kThreads,
     }
   }
 
-  // Key range: bottom-right causal lets the last valid row of the block see
-  // keys < m_end + seqlen_k - seqlen_q; tiles past that are skipped, not masked.
+  // Key range: under the bottom-right causal mask the last valid row of the block sees the
+  // most keys; tiles past those are skipped, not masked.
   const int64_t causal_offset = p.seqlen_k - p.seqlen_q;
   const int64_t m_end = min(m0 + kBlockM, p.seqlen_q);
-  const int64_t n_end = p.is_causal ? max(int64_t{0}, min(p.seqlen_k, m_end + causal_offset)) : p.seqlen_k;
+  const int64_t n_end = p.is_causal ? causal_keys_visible(m_end - 1, p) : p.seqlen_k;
   const int64_t num_n_tiles = (n_end + kBlockN - 1) / kBlockN;
 
   float row_max[kRows];  // running max of the log2-domain scores, shared by the row's 8 lanes
@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(FlashSimtTraits<Element, kHeadDim>::kThreads,
       for (int j = 1; j < kKeys; ++j) tile_max = fmaxf(tile_max, scores[i][j]);
 #pragma unroll
       for (int offset = 1; offset < kColGroups; offset *= 2) {
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarpMask, tile_max, offset));
       }
       const float new_max = fmaxf(row_max[i], tile_max);
       // A row that has seen no key yet keeps max -inf; subtracting 0 instead
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(FlashSimtTraits<Element, kHeadDim>::kThreads,
   for (int i = 0; i < kRows; ++i) {
     float sum = row_sum[i];
 #pragma unroll
-    for (int offset = 1; offset < kColGroups; offset *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    for (int offset = 1; offset < kColGroups; offset *= 2) sum += __shfl_xor_sync(kFullWarpMask, sum, offset);
     const int64_t row = m0 + row_base + kRowGroups * i;
     if (row >= p.seqlen_q) continue;
     const float inv_sum = sum == 0.0f ? 0.0f : 1.0f / sum;
@@ -485,17 +485,15 @@ inline Status flash_simt_grid_check(const AttentionParams& p, int64_t block_m) {
   return Status::Ok();
 }
 
-/// \brief Launches flash_simt_kernel on `stream`; the device must already be current.
+/// \brief Launches flash_simt_kernel on `stream`; the device must already be current and the
+/// problem non-empty (batch, heads, seqlen_q > 0), as attention_forward guarantees.
 /// Returns NotSupported when the tile does not fit the device's shared memory
 /// or the grid would pass 2^31 - 1 blocks, CudaError on a launch failure.
 template <typename Element, int kHeadDim>
 Status launch_flash_simt(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashSimtTraits<Element, kHeadDim>;
-  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
-
   int smem_optin = 0;
-  WAVEBOOST_CUDA_RETURN(
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
+  if (Status s = max_shared_memory_per_block(p.device_id, &smem_optin); !s.ok()) return s;
   if (Traits::kSmemBytes > smem_optin) {
     return Status::NotSupported("backend 'simt' needs " + std::to_string(Traits::kSmemBytes) +
                                 " bytes of shared memory per block at head_dim " + std::to_string(kHeadDim) +
@@ -508,7 +506,7 @@ Status launch_flash_simt(const AttentionParams& p, cudaStream_t stream) {
 
   const auto kernel = flash_simt_kernel<Element, kHeadDim>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
-  if (Traits::kSmemBytes > 48 * 1024) {
+  if (Traits::kSmemBytes > kSharedMemoryWithoutOptIn) {
     WAVEBOOST_CUDA_RETURN(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   }

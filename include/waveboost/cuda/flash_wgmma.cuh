@@ -7,7 +7,7 @@
 //
 //   S = Q K^T        wgmma m64n128k16, Q and K from shared memory (both K-major)
 //   softmax          on S's accumulators in registers, exp2 with scale * log2(e) folded
-//                    (huge scores: see softmax_step)
+//                    (huge scores: see core/softmax.cuh)
 //   O += P V         wgmma m64nDk16 with P from registers (the accumulator layout is the A
 //                    fragment layout) and V from shared memory, MN-major (imm-trans-b)
 //
@@ -33,6 +33,10 @@
 #include <type_traits>
 
 #include "waveboost/cuda/common.cuh"
+#include "waveboost/cuda/core/epilogue.cuh"
+#include "waveboost/cuda/core/fragments.cuh"
+#include "waveboost/cuda/core/mask.cuh"
+#include "waveboost/cuda/core/softmax.cuh"
 #include "waveboost/cuda/mma_primitives.cuh"
 #include "waveboost/cuda/wgmma_primitives.cuh"
 
@@ -45,14 +49,14 @@ template <typename Element_, int kHeadDim_>
 struct FlashWgmmaTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kWarpgroups = 2;
-  static constexpr int kThreads = kWarpgroups * 128;
   static constexpr int kRowsPerWarpgroup = 64;  // wgmma's M
-  static constexpr int kBlockM = kWarpgroups * kRowsPerWarpgroup;
+  static constexpr int kBlockM = kWgmmaBlockM;
+  static constexpr int kWarpgroups = kBlockM / kRowsPerWarpgroup;
+  static constexpr int kThreads = kWarpgroups * 128;
   // Keys per tile = N of S's wgmma. 128 keeps S at 64 registers per thread and gives each
   // wgmma of Q K^T 64 x 128 x 16 (long instructions amortize their issue); D = 128 then
   // holds S 64 + O 64 floats + P 32 registers per thread.
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kWgmmaBlockN;
 
   static constexpr int kScoreRegs = kBlockN / 2;      // S accumulators per thread (64 x kBlockN / 128)
   static constexpr int kOutRegs = kHeadDim / 2;       // O accumulators per thread
@@ -84,6 +88,11 @@ struct FlashWgmmaTraits {
   // Tiles and panels are whole atoms, so every tile and panel start stays 1024 B aligned.
   static_assert(kQTileBytes % kAtomBytes == 0 && kKVTileBytes % kAtomBytes == 0 && kBlockN % 8 == 0);
   static_assert(16 * kChunksPerRow % 32 == 0, "the epilogue stores whole warps of chunks");
+
+  using ScoreFragments = WgmmaFragments<kKeyTiles>;        // S and P, one warp's 16 rows
+  using OutFragments = WgmmaFragments<kHeadDim / 8>;       // O, one warp's 16 rows
+  static_assert(sizeof(typename ScoreFragments::Array) == kScoreRegs * sizeof(float));
+  static_assert(sizeof(typename OutFragments::Array) == kOutRegs * sizeof(float));
 };
 
 namespace flash_wgmma {
@@ -131,7 +140,7 @@ __device__ __forceinline__ void negate_own_q_chunks(unsigned char* q_tile) {
   for (int i = 0; i < Traits::kBlockM / Traits::kRowsPerCopyPass; ++i) {
     uint4* x = reinterpret_cast<uint4*>(q_tile + offset + i * Traits::kRowsPerCopyPass * Traits::kRowBytes);
     uint4 v = *x;
-    v.x ^= 0x80008000u, v.y ^= 0x80008000u, v.z ^= 0x80008000u, v.w ^= 0x80008000u;
+    v.x ^= kSignBitsHalf2, v.y ^= kSignBitsHalf2, v.z ^= kSignBitsHalf2, v.w ^= kSignBitsHalf2;
     *x = v;
   }
 }
@@ -168,117 +177,15 @@ __device__ __forceinline__ void issue_pv(float (&o)[Traits::kOutRegs], const uin
 }
 
 // ----------------------------------------------------------------------------
-// Online softmax on the accumulators
-// ----------------------------------------------------------------------------
-// Thread (g, t) of warp w holds rows 16 w + g (half 0: s[4 nt + 0, 1]) and 16 w + g + 8
-// (half 1: s[4 nt + 2, 3]) of its warpgroup, columns 8 nt + 2 t + {0, 1}. A row is spread
-// over the 4 threads of a quad.
-
-// Scores of keys at or beyond the row's visible limit become -inf; `row_limit[half]` is the
-// number of this tile's keys the row sees (0..kBlockN).
-template <typename Traits>
-__device__ __forceinline__ void mask_scores(float (&s)[Traits::kScoreRegs], const int (&row_limit)[2], int t) {
-#pragma unroll
-  for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (nt * 8 + 2 * t + (e % 2) >= row_limit[e / 2]) s[4 * nt + e] = -INFINITY;
-    }
-  }
-}
-
-// Folds the tile's scores into the running statistics and turns them, in place, into the
-// unnormalized probabilities P = exp2(c S - m_new); returns the factors alpha =
-// exp2(m_old - m_new) that O still needs (applied by the caller once the product in flight
-// has landed). row_max is in scaled log2 units; row_sum is this thread's partial sum over
-// its columns (the quad's partials are added once, in the epilogue). Returns whether any row
-// of the warp raised its max (else alpha == 1 exactly).
-//
-// The exponent, as in the mma path (flash_mma.cuh, softmax_step): one FFMA gives c s - m
-// exactly before rounding, so the row max's exponent is the residual of m = round(c max),
-// harmless while |m| < 2^24; a warp with a larger |m| rounds t = c s first and
-// exponentiates t - m, exactly 0 at the max.
-template <typename Traits>
-__device__ __forceinline__ bool softmax_step(float (&s)[Traits::kScoreRegs], float (&alpha)[2], float (&row_max)[2],
-                                             float (&row_sum)[2], float scale_log2) {
-  bool raised = false;
-  bool huge = false;
-  float neg_reference[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float tile_max = s[2 * half];
-#pragma unroll
-    for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
-      tile_max = fmaxf(tile_max, fmaxf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
-    }
-    // scale_log2 > 0, so scaling commutes with the max; -inf stays -inf.
-    const float new_max = fmaxf(row_max[half], mma::quad_max(tile_max) * scale_log2);
-    // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps
-    // exp2(-inf - ...) at 0 rather than NaN.
-    const float reference = new_max == -INFINITY ? 0.f : new_max;
-    alpha[half] = mma::exp2(row_max[half] - reference);
-    raised |= new_max != row_max[half];
-    huge |= fabsf(reference) >= kExactExponentFrom;  // +inf (an infinite score) too
-    row_max[half] = new_max;
-    neg_reference[half] = -reference;
-  }
-  float factor = scale_log2;
-  if (__any_sync(0xffffffffu, huge)) {
-    // __fmul_rn is never contracted into the FFMA below (which would restore the residual).
-#pragma unroll
-    for (int i = 0; i < Traits::kScoreRegs; ++i) s[i] = __fmul_rn(s[i], scale_log2);
-    factor = 1.f;
-  }
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float sum = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& x = s[4 * nt + 2 * half + e];
-        x = mma::exp2(fmaf(x, factor, neg_reference[half]));
-        sum += x;
-      }
-    }
-    row_sum[half] = row_sum[half] * alpha[half] + sum;
-  }
-  return __any_sync(0xffffffffu, raised);
-}
-
-// P as the A fragments of P V: column group nt fills half (nt % 2) of slice nt / 2,
-// registers a{0,1} for its first 8 keys, a{2,3} for the next; a{0,2} are row g, a{1,3} row
-// g + 8. Runs only after the previous P V has completed: its A registers are then free, and
-// reusing them is what keeps the compiler from serializing the wgmma pipeline (ptxas would
-// otherwise see registers of an in-flight wgmma being redefined).
-template <typename Traits>
-__device__ __forceinline__ void pack_probabilities(const float (&s)[Traits::kScoreRegs],
-                                                   uint32_t (&p)[Traits::kKeySlices][4]) {
-#pragma unroll
-  for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      p[nt / 2][2 * (nt % 2) + half] =
-          pack_pair<typename Traits::Element>(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]);
-    }
-  }
-}
-
-template <typename Traits>
-__device__ __forceinline__ void rescale(float (&o)[Traits::kOutRegs], const float (&alpha)[2]) {
-#pragma unroll
-  for (int i = 0; i < Traits::kOutRegs; ++i) o[i] *= alpha[(i / 2) % 2];
-}
-
-// ----------------------------------------------------------------------------
 // One block: kBlockM query rows of one (batch, head)
 // ----------------------------------------------------------------------------
 
 // kSplit: the block runs one piece of its keys (SplitKV) and writes it to the workspace; the
 // plain kernel (kSplit false) compiles with no trace of the split.
-template <typename Traits, bool kCausal, bool kSplit>
+template <typename Traits, typename Mask, bool kSplit>
 __device__ __forceinline__ void attend_block(const AttentionParams& p, const SplitKV& split) {
   using Element = typename Traits::Element;
+  using Softmax = OnlineSoftmax<typename Traits::ScoreFragments>;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kRowBytes = Traits::kRowBytes;
@@ -301,10 +208,11 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
   const int num_splits = kSplit ? split.num_splits : 1;
   const int split_index = kSplit ? blockIdx.x % num_splits : 0;
   FlashBlock blk;
-  if (!locate_flash_block(p, kCausal, kSplit ? blockIdx.x / num_splits : blockIdx.x, gridDim.x / num_splits,
-                          kBlockM, kBlockN, blk)) {
+  if (!locate_flash_block<Mask>(p, kSplit ? blockIdx.x / num_splits : blockIdx.x, gridDim.x / num_splits, kBlockM,
+                                kBlockN, blk)) {
     return;
   }
+  const Mask mask = Mask::of(blk);
   // This block's key tiles: [tile_begin, tile_end), visited last to first.
   const int tile_begin = kSplit ? min(blk.n_tiles, split_index * split.tiles_per_split) : 0;
   const int tile_end = kSplit ? min(blk.n_tiles - tile_begin, split.tiles_per_split) + tile_begin : blk.n_tiles;
@@ -320,20 +228,17 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
   float o[Traits::kOutRegs];
 #pragma unroll
   for (int i = 0; i < Traits::kOutRegs; ++i) o[i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};
+  Softmax softmax;
+  softmax.init();
 
   if (n_visits > 0) {  // otherwise every row sees no key here: the epilogue writes zeros
     load_tile<Traits, kBlockM, true>(q_tile, q, p.q_row_stride, blk.rows);
-    load_tile<Traits, kBlockN, true>(k_tile, k + (tile_end - 1) * int64_t{kBlockN} * p.k_row_stride, p.k_row_stride,
-                                     p.seqlen_k - (tile_end - 1) * int64_t{kBlockN});
+    const int64_t last_n0 = (tile_end - 1) * int64_t{kBlockN};
+    load_tile<Traits, kBlockN, true>(k_tile, blk.k_tile(p, k, last_n0), p.k_row_stride, blk.seqlen_k - last_n0);
     mma::commit_copies();
 
-    // softmax(c S) with c < 0 is softmax(|c| (-Q) K^T): Q's sign bits are flipped once
-    // (exact), and the loop only ever sees a positive scale, which commutes with the row max.
-    // c == 0 becomes the smallest normal float: every c S then rounds exp2 to exactly 1 as
-    // c = 0 would, while masked -inf scores stay -inf (not 0 * -inf).
-    const float scale_log2 = fmaxf(static_cast<float>(fabs(p.softmax_scale) * kLog2e), 1.17549435e-38f);
+    // A negative scale: Q's sign bits are flipped once (exact), by the thread that copied them.
+    const float scale_log2 = positive_scale_log2(p);
     const bool negate_q = p.softmax_scale < 0;
 
     // K-major operands: 8-row groups 1024 B apart (LBO unused). V (MN-major): groups of 8
@@ -366,13 +271,13 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
       __syncthreads();
       if (j > tile_begin) {
         load_tile<Traits, kBlockN, false>(k_tile + (1 - stage) * Traits::kKVTileBytes,
-                                          k + (n0 - kBlockN) * p.k_row_stride, p.k_row_stride, kBlockN);
+                                          blk.k_tile(p, k, n0 - kBlockN), p.k_row_stride, kBlockN);
       }
-      if (kMasked && n0 + kBlockN > p.seqlen_k) {
-        load_tile<Traits, kBlockN, true>(v_tile + stage * Traits::kKVTileBytes, v + n0 * p.v_row_stride,
-                                         p.v_row_stride, p.seqlen_k - n0);
+      if (kMasked && mask.partial_tile(n0, kBlockN)) {
+        load_tile<Traits, kBlockN, true>(v_tile + stage * Traits::kKVTileBytes, blk.v_tile(p, v, n0),
+                                         p.v_row_stride, blk.seqlen_k - n0);
       } else {
-        load_tile<Traits, kBlockN, false>(v_tile + stage * Traits::kKVTileBytes, v + n0 * p.v_row_stride,
+        load_tile<Traits, kBlockN, false>(v_tile + stage * Traits::kKVTileBytes, blk.v_tile(p, v, n0),
                                           p.v_row_stride, kBlockN);
       }
       mma::commit_copies();
@@ -395,34 +300,20 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
       }
       wgmma::fence_operands(s);
 
-      if constexpr (kMasked) {
-        // Keys of this tile that row r sees: min(r + 1 + seqlen_k - seqlen_q, seqlen_k) - n0,
-        // clamped to [0, kBlockN]. This thread's rows are r0 + {0, 8}; clamping the 64-bit
-        // r0 term to [-8, kBlockN] first changes no clamped result and keeps the rest in int.
-        const int tail_limit = static_cast<int>(min(p.seqlen_k - n0, int64_t{kBlockN}));
-        int causal_limit = kBlockN;
-        if constexpr (kCausal) {
-          const int64_t r0_limit = warp_m0 + g + 1 + p.seqlen_k - p.seqlen_q - n0;
-          causal_limit = static_cast<int>(max(int64_t{-8}, min(r0_limit, int64_t{kBlockN})));
-        }
-        int row_limit[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int causal = kCausal ? causal_limit + 8 * half : kBlockN;
-          row_limit[half] = max(0, min(causal, tail_limit));
-        }
-        mask_scores<Traits>(s, row_limit, t);
-      }
-      float alpha[2];
-      [[maybe_unused]] const bool raised = softmax_step<Traits>(s, alpha, row_max, row_sum, scale_log2);
+      if constexpr (kMasked) mask.template mask_tile<typename Traits::ScoreFragments, kBlockN>(s, warp_m0 + g, n0, t);
+      float alpha[Softmax::kRows];
+      [[maybe_unused]] const bool raised = __any_sync(kFullWarpMask, softmax.template step<false>(s, alpha, scale_log2));
 
       if constexpr (!kFirst) {  // tile 0 meets O = 0: nothing to rescale
         wgmma::wait_group<0>();
         wgmma::fence_operands(o);
         wgmma::fence_operands(p_prev);
-        if (raised) rescale<Traits>(o, alpha);
+        if (raised) Softmax::template rescale<typename Traits::OutFragments>(o, alpha);
       }
-      pack_probabilities<Traits>(s, p_prev);
+      // P into the A registers of P(i-1), free now that its product has landed: reusing them
+      // is what keeps the compiler from serializing the wgmma pipeline (ptxas would otherwise
+      // see registers of an in-flight wgmma being redefined).
+      Softmax::template pack<Element>(s, p_prev);
     };
 
     attend_key_tile(0, std::true_type{}, std::true_type{});
@@ -444,68 +335,27 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
     wgmma::fence_operands(o);
   }
 
-  // Epilogue. O /= l; a row that saw no key (or only -inf scores) has l = 0 and O = 0 and
-  // stays 0 with LSE -inf. A NaN l (NaN or +inf scores) makes O and LSE NaN.
-  float inv_sum[2];
-  float lse[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float sum = mma::quad_sum(row_sum[half]);
-    inv_sum[half] = sum == 0.f ? 0.f : 1.f / sum;
-    lse[half] = sum == 0.f ? -INFINITY : row_max[half] * kLn2 + logf(sum);
-  }
+  float inv_sum[Softmax::kRows];
+  softmax.finalize(inv_sum);
 
   if constexpr (kSplit) {
-    // One piece of a split row: O / l in fp32 and the piece's LSE, for the merge kernel.
-    const int64_t piece = ((static_cast<int64_t>(split_index) * p.batch + blk.b) * p.heads + blk.h) * p.seqlen_q;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t row = warp_m0 + g + 8 * half;
-      if (row >= p.seqlen_q) continue;
-      if (t == 0) split.lse_accum[piece + row] = lse[half];
-      float* o_row = split.o_accum + (piece + row) * Traits::kHeadDim;
-#pragma unroll
-      for (int dt = 0; dt < Traits::kChunksPerRow; ++dt) {
-        *reinterpret_cast<float2*>(o_row + dt * Traits::kChunk + 2 * t) =
-            make_float2(o[4 * dt + 2 * half] * inv_sum[half], o[4 * dt + 2 * half + 1] * inv_sum[half]);
-      }
-    }
+    write_split_piece<typename Traits::OutFragments, Traits::kHeadDim>(p, blk, split, split_index, warp_m0 + g, o,
+                                                                       inv_sum, softmax, t);
     return;
   }
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t row = warp_m0 + g + 8 * half;
-    if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
-      p.lse[blk.b * p.lse_batch_stride + blk.h * p.lse_head_stride + row] = lse[half];
-    }
-  }
+  write_lse(p, blk, warp_m0 + g, softmax, t);
 
   // O leaves through the warp's own 16 Q rows in shared memory, as 16 B row-contiguous
   // stores. Every S product (the only reader of Q) completed before the last barrier, so
   // the rows are free; only this warp touches them now. Fragment writes: a quad fills one
   // 16 B chunk, eight rows with distinct swizzles: conflict-free.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = warp_row + g + 8 * half;
-#pragma unroll
-    for (int dt = 0; dt < Traits::kChunksPerRow; ++dt) {
-      *reinterpret_cast<uint32_t*>(q_smem + tile_offset<Traits, kBlockM>(row, dt) + 4 * t) = pack_pair<Element>(
-          o[4 * dt + 2 * half] * inv_sum[half], o[4 * dt + 2 * half + 1] * inv_sum[half]);
-    }
-  }
+  stage_output<typename Traits::OutFragments, Element>(o, inv_sum, g, t, [&](int row, int dt) {
+    return reinterpret_cast<uint32_t*>(q_smem + tile_offset<Traits, kBlockM>(warp_row + row, dt));
+  });
   __syncwarp();
-  Element* out =
-      static_cast<Element*>(p.out) + blk.b * p.o_batch_stride + blk.h * p.o_head_stride + warp_m0 * p.o_row_stride;
-  const int64_t valid_rows = p.seqlen_q - warp_m0;
-#pragma unroll
-  for (int i = 0; i < 16 * Traits::kChunksPerRow / 32; ++i) {
-    const int row = (i * 32 + lane) / Traits::kChunksPerRow;
-    const int chunk = (i * 32 + lane) % Traits::kChunksPerRow;
-    if (row < valid_rows) {
-      *reinterpret_cast<uint4*>(out + row * p.o_row_stride + chunk * Traits::kChunk) =
-          *reinterpret_cast<const uint4*>(q_smem + tile_offset<Traits, kBlockM>(warp_row + row, chunk));
-    }
-  }
+  store_staged_rows<16, Traits::kChunksPerRow>(
+      blk.o_row<Element>(p, warp_m0), p.o_row_stride, blk.seqlen_q - warp_m0, lane,
+      [&](int row, int chunk) { return q_smem + tile_offset<Traits, kBlockM>(warp_row + row, chunk); });
 }
 
 // Merge of split-KV pieces, kHeadDim / 4 threads per row, 4 columns each: with piece LSEs
@@ -515,7 +365,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
 template <typename Element, int kHeadDim>
 __device__ __forceinline__ void merge_row_pieces(const AttentionParams& p, const SplitKV& split) {
   constexpr int kThreadsPerRow = kHeadDim / 4;
-  constexpr int kRowsPerBlock = 256 / kThreadsPerRow;
+  constexpr int kRowsPerBlock = kSplitMergeThreads / kThreadsPerRow;
   const int64_t rows = p.batch * p.heads * p.seqlen_q;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreadsPerRow;
   if (row >= rows) return;
@@ -564,12 +414,13 @@ __device__ __forceinline__ void merge_row_pieces(const AttentionParams& p, const
 template <typename Element, int kHeadDim, bool kCausal, bool kSplit>
 __global__ void __launch_bounds__(FlashWgmmaTraits<Element, kHeadDim>::kThreads, 1)
     flash_wgmma_kernel(const __grid_constant__ AttentionParams p, const SplitKV split) {
-  flash_wgmma::attend_block<FlashWgmmaTraits<Element, kHeadDim>, kCausal, kSplit>(p, split);
+  flash_wgmma::attend_block<FlashWgmmaTraits<Element, kHeadDim>, CausalMask<kCausal>, kSplit>(p, split);
 }
 
-/// \brief Merges split-KV pieces into out and lse; 256 threads, 1024 / kHeadDim rows per block.
+/// \brief Merges split-KV pieces into out and lse; kSplitMergeThreads threads,
+/// 4 kSplitMergeThreads / kHeadDim rows per block.
 template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(256) flash_wgmma_merge_kernel(const __grid_constant__ AttentionParams p,
+__global__ void __launch_bounds__(kSplitMergeThreads) flash_wgmma_merge_kernel(const __grid_constant__ AttentionParams p,
                                                                 const SplitKV split) {
   flash_wgmma::merge_row_pieces<Element, kHeadDim>(p, split);
 }
@@ -587,19 +438,19 @@ Status launch_flash_wgmma_kernel(const AttentionParams& p, const SplitKV& split,
                   static_cast<unsigned>(g.z));
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, split);
   if (Status s = cuda_status(cudaGetLastError(), "flash_wgmma_kernel launch"); !s.ok() || split.num_splits == 1) return s;
-  constexpr int kRowsPerBlock = 256 / (kHeadDim / 4);
+  constexpr int kRowsPerBlock = kSplitMergeThreads / (kHeadDim / 4);
   const int64_t rows = p.batch * p.heads * p.seqlen_q;
   flash_wgmma_merge_kernel<Element, kHeadDim>
-      <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 256, 0, stream>>>(p, split);
+      <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kSplitMergeThreads, 0, stream>>>(p, split);
   return cuda_status(cudaGetLastError(), "flash_wgmma_merge_kernel launch");
 }
 
-/// \brief Launches the wgmma forward on `stream` (params.device_id must be current); with
+/// \brief Launches the wgmma forward on `stream` (params.device_id current, batch * heads *
+/// seqlen_q > 0, as attention_forward guarantees); with
 /// split.num_splits > 1 (see split_kv_pieces), split.o_accum and split.lse_accum must hold
 /// num_splits * batch * heads * seqlen_q * (head_dim + 1) floats for the pieces.
 template <typename Element, int kHeadDim>
 Status launch_flash_wgmma(const AttentionParams& p, const SplitKV& split, cudaStream_t stream) {
-  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
   return p.is_causal ? launch_flash_wgmma_kernel<Element, kHeadDim, true>(p, split, stream)
                      : launch_flash_wgmma_kernel<Element, kHeadDim, false>(p, split, stream);
 }

@@ -32,6 +32,7 @@
 #include <type_traits>
 
 #include "waveboost/cuda/common.cuh"
+#include "waveboost/cuda/mma_primitives.cuh"
 
 namespace waveboost::cuda {
 
@@ -155,22 +156,16 @@ __device__ __forceinline__ void load_fragment(wmma::fragment<Use, 16, 16, 16, El
   }
 }
 
-__device__ __forceinline__ float exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));  // ex2(-inf) = +0
-  return y;
-}
-
 // ----------------------------------------------------------------------------
 // Global -> shared copies
 // ----------------------------------------------------------------------------
 
-// 16 B global -> shared copy; zero-fills the destination when !valid.
+// 16 B global -> shared copy; zero-fills the destination when !valid. sm_80+: the shared
+// cp.async (mma_primitives.cuh); sm_70/75 (fp16 wmma) copy through registers, and the
+// commit / wait below are then no-ops.
 __device__ __forceinline__ void copy_16B(void* smem, const void* gmem, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+  mma::copy_async_16B(mma::shared_address(smem), gmem, valid);
 #else
   *static_cast<uint4*>(smem) = valid ? *static_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
 #endif
@@ -178,13 +173,13 @@ __device__ __forceinline__ void copy_16B(void* smem, const void* gmem, bool vali
 
 __device__ __forceinline__ void commit_copies() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  mma::commit_copies();
 #endif
 }
 
 __device__ __forceinline__ void wait_copies() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  mma::wait_copies<0>();
 #endif
 }
 
@@ -358,11 +353,11 @@ __device__ __forceinline__ float online_softmax(float* scratch, int lane, float 
   // A row that has seen no key yet keeps max -inf; subtracting 0 instead keeps its
   // probabilities 0 (never exp2(-inf - -inf) = NaN).
   const float reference = new_max == -INFINITY ? 0.f : new_max;
-  const float alpha = exp2(running_max - reference);
+  const float alpha = mma::exp2(running_max - reference);
   float sum = 0.f;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
-    t[c] = exp2(t[c] - reference);
+    t[c] = mma::exp2(t[c] - reference);
     sum += t[c];
   }
   running_sum = running_sum * alpha + sum;
@@ -505,7 +500,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
       commit_copies();
     }
 
-    if (!__all_sync(0xffffffffu, alpha == 1.f)) {
+    if (!__all_sync(kFullWarpMask, alpha == 1.f)) {
       row_scale[lane] = alpha;
       __syncwarp();
       rescale<Traits>(o, row_scale, row_map);
@@ -568,37 +563,15 @@ inline int flash_wmma_min_smem_bytes(int64_t head_dim) {
   return head_dim == 64 ? kFlashWmmaSmemBytes<64, 32> : kFlashWmmaSmemBytes<128, 32>;
 }
 
-// Launch grid: query blocks in x (< 2^31), batch * heads folded over y and z (each <= 65535).
-struct FlashWmmaGrid {
-  int64_t x = 0, y = 0, z = 0;
-  bool fits() const { return x <= INT32_MAX && y <= 65535 && z <= 65535; }
-};
-
-// The refusal when flash_wmma_grid(p) does not fit, stating the limits.
-inline Status flash_wmma_grid_error(const AttentionParams& p) {
-  return Status::NotSupported(
-      "backend 'wmma' supports batch * heads up to 4294836225 (65535 x 65535 blocks in grid y and z) and "
-      "ceil(seqlen_q / 128) up to 2147483647 (grid x); got batch * heads " +
-      std::to_string(p.batch * p.heads) + " and seqlen_q " + std::to_string(p.seqlen_q));
-}
-
-inline FlashWmmaGrid flash_wmma_grid(const AttentionParams& p) {
-  constexpr int64_t kMaxGridYZ = 65535;
-  constexpr int64_t kBlockM = FlashWmmaTraits<__half, 64, 64>::kBlockM;  // the same in every configuration
-  FlashWmmaGrid grid;
-  const int64_t bh = p.batch * p.heads;
-  grid.x = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  grid.y = bh < kMaxGridYZ ? bh : kMaxGridYZ;
-  grid.z = grid.y > 0 ? (bh + grid.y - 1) / grid.y : 0;
-  return grid;
-}
+// Query rows per block, the same in every configuration (the launch grid is folded_grid's).
+inline constexpr int64_t kFlashWmmaBlockM = FlashWmmaTraits<__half, 64, 64>::kBlockM;
 
 template <typename Element, int kHeadDim, int kBlockN>
 Status launch_flash_wmma_tiles(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashWmmaTraits<Element, kHeadDim, kBlockN>;
-  static_assert(Traits::kBlockM == FlashWmmaTraits<__half, 64, 64>::kBlockM);
-  const FlashWmmaGrid g = flash_wmma_grid(p);
-  if (!g.fits()) return flash_wmma_grid_error(p);
+  static_assert(Traits::kBlockM == kFlashWmmaBlockM);
+  if (Status s = folded_grid_check(p, Traits::kBlockM, "wmma"); !s.ok()) return s;
+  const FoldedGrid g = folded_grid(p, Traits::kBlockM);
   const auto kernel = flash_wmma_kernel<Element, kHeadDim, kBlockN>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
@@ -607,13 +580,13 @@ Status launch_flash_wmma_tiles(const AttentionParams& p, cudaStream_t stream) {
   return cuda_status(cudaGetLastError(), "flash_wmma_kernel launch");
 }
 
-/// \brief Launches the WMMA forward on `stream` (params.device_id must be current).
-/// Picks 64-key tiles where their shared memory fits the device, else 32-key tiles.
+/// \brief Launches the WMMA forward on `stream` (params.device_id current, batch * heads *
+/// seqlen_q > 0, as attention_forward guarantees). Picks 64-key tiles where their shared
+/// memory fits the device, else 32-key tiles.
 template <typename Element, int kHeadDim>
 Status launch_flash_wmma(const AttentionParams& p, cudaStream_t stream) {
-  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
   int smem_optin = 0;
-  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
+  if (Status s = max_shared_memory_per_block(p.device_id, &smem_optin); !s.ok()) return s;
   switch (flash_wmma_block_n(kHeadDim, smem_optin)) {
     case 64:
       return launch_flash_wmma_tiles<Element, kHeadDim, 64>(p, stream);

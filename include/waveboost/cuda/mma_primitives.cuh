@@ -30,6 +30,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "waveboost/cuda/core/constants.cuh"
+
 namespace waveboost::cuda::mma {
 
 __device__ __forceinline__ uint32_t shared_address(const void* ptr) {
@@ -143,13 +145,13 @@ __device__ __forceinline__ Tf32Pair split_tf32(float x) {
 // Max and sum over a quad: the four threads (t = 0..3 of a group) that hold one row of a C
 // fragment.
 __device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  x = fmaxf(x, __shfl_xor_sync(kFullWarpMask, x, 1));
+  return fmaxf(x, __shfl_xor_sync(kFullWarpMask, x, 2));
 }
 
 __device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+  x += __shfl_xor_sync(kFullWarpMask, x, 1);
+  return x + __shfl_xor_sync(kFullWarpMask, x, 2);
 }
 
 // 2^x on the special-function unit; exp2(-inf) = +0.

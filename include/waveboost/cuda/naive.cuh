@@ -107,7 +107,7 @@ static __global__ void naive_softmax_kernel(const __grid_constant__ AttentionPar
     float row_max = -INFINITY;
     for (int64_t j = lane; j < p.seqlen_k; j += 32) row_max = max_keep_nan(row_max, row_scores[j]);
     for (int offset = 16; offset > 0; offset /= 2) {
-      row_max = max_keep_nan(row_max, __shfl_xor_sync(0xffffffffu, row_max, offset));
+      row_max = max_keep_nan(row_max, __shfl_xor_sync(kFullWarpMask, row_max, offset));
     }
 
     // Only a row whose every score is -inf is empty. Otherwise row_sum >= 1
@@ -117,7 +117,7 @@ static __global__ void naive_softmax_kernel(const __grid_constant__ AttentionPar
     float row_sum = 0.0f;
     if (!empty) {
       for (int64_t j = lane; j < p.seqlen_k; j += 32) row_sum += expf(row_scores[j] - row_max);
-      for (int offset = 16; offset > 0; offset /= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, offset);
+      for (int offset = 16; offset > 0; offset /= 2) row_sum += __shfl_xor_sync(kFullWarpMask, row_sum, offset);
     }
 
     const float inv_sum = empty ? 0.0f : 1.0f / row_sum;
@@ -159,7 +159,7 @@ __global__ void naive_pv_kernel(const __grid_constant__ AttentionParams p, const
 
     // Keys past the last one the tile's last query sees have probs 0: skip them.
     int64_t key_end = p.seqlen_k;
-    if (p.is_causal) key_end = min(key_end, max(int64_t{0}, i0 + kTile + p.seqlen_k - p.seqlen_q));
+    if (p.is_causal) key_end = causal_keys_visible(i0 + kTile - 1, p);
 
     float acc = 0.0f;
     for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
