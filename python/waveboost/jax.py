@@ -27,7 +27,7 @@ import numpy as np
 from . import _waveboost
 from ._api import BACKENDS
 
-__all__ = ["TARGET_NAME", "attention", "ffi_available"]
+__all__ = ["TARGET_NAME", "attention", "ffi_available", "ring_attention", "shard_sequence", "unshard_sequence"]
 
 #: The XLA custom-call target the handlers are registered under, for both platforms.
 TARGET_NAME = "waveboost_attention"
@@ -154,3 +154,7 @@ def attention(
     out, lse = _attention_call(q, k, v, causal=bool(causal), softmax_scale=softmax_scale, backend=backend)
     return (out, lse) if return_lse else out
 
+
+
+# Context parallelism inside jax.shard_map (python/waveboost/_jax_ring.py).
+from ._jax_ring import ring_attention, shard_sequence, unshard_sequence  # noqa: E402
