@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "flash_kernel.h"
+#include "flash_kernel_avx2.h"
 #include "thread_pool.h"
 
 namespace waveboost::cpu {
@@ -29,11 +30,9 @@ namespace {
 // Micro-tiles sized to the register file: the accumulators plus kTileVecs
 // streamed vectors and a broadcast must fit (32 zmm with AVX-512, 16 ymm/xmm
 // otherwise). With AVX-512 on Zen 5, fp32, 8x2 measured 3% ahead of 4x4 and
-// 6x4 and 13% ahead of 12x2.
+// 6x4 and 13% ahead of 12x2. Avx2Config (6x2) is in flash_kernel_avx2.h.
 template <typename T>
 using Avx512Config = KernelConfig<T, 64 / sizeof(T), 8, 2>;
-template <typename T>
-using Avx2Config = KernelConfig<T, 32 / sizeof(T), 6, 2>;
 template <typename T>
 using BaselineConfig = KernelConfig<T, 16 / sizeof(T), 4, 2>;
 

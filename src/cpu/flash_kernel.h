@@ -249,6 +249,21 @@ WAVEBOOST_CPU_INLINE void pv_microtile(const typename C::Element* p_t, int64_t l
     for (int w = 0; w < kVecs; ++w) S::store(o + i * ldo + w * C::kLanes, acc[i][w]);
 }
 
+// The last `keys` (< kTileRows) keys of a score tile in one micro-tile of
+// exactly that many rows: a 1-row tile has a single FMA chain per register
+// and waits on its latency, so r leftover keys cost about r full tiles.
+template <class C, int kVecs, int kKeys = C::kTileRows - 1>
+WAVEBOOST_CPU_INLINE void scores_leftover(int64_t keys, const typename C::Element* k, int64_t k_row_stride,
+                                          const typename C::Element* q_t, int64_t ldq, int64_t head_dim,
+                                          typename C::Element* s, int64_t lds) {
+  if constexpr (kKeys >= 1) {
+    if (keys == kKeys)
+      scores_microtile<C, kKeys, kVecs>(k, k_row_stride, q_t, ldq, head_dim, s, lds);
+    else
+      scores_leftover<C, kVecs, kKeys - 1>(keys, k, k_row_stride, q_t, ldq, head_dim, s, lds);
+  }
+}
+
 // S^T = K Q^T for `cols` keys x rows_padded queries (a multiple of kLanes).
 template <class C>
 WAVEBOOST_CPU_INLINE void scores_tile(const typename C::Element* k, int64_t k_row_stride, int64_t cols,
@@ -256,7 +271,8 @@ WAVEBOOST_CPU_INLINE void scores_tile(const typename C::Element* k, int64_t k_ro
                                       typename C::Element* s) {
   constexpr int64_t kWide = C::kTileVecs * C::kLanes;
   for (int64_t j = 0; j < cols;) {
-    const bool full = j + C::kTileRows <= cols;
+    const int64_t keys = std::min<int64_t>(C::kTileRows, cols - j);
+    const bool full = keys == C::kTileRows;
     for (int64_t i = 0; i < rows_padded;) {
       const bool wide = i + kWide <= rows_padded;
       const typename C::Element* k_j = k + j * k_row_stride;
@@ -267,12 +283,27 @@ WAVEBOOST_CPU_INLINE void scores_tile(const typename C::Element* k, int64_t k_ro
       else if (full)
         scores_microtile<C, C::kTileRows, 1>(k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji, rows_padded);
       else if (wide)
-        scores_microtile<C, 1, C::kTileVecs>(k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji, rows_padded);
+        scores_leftover<C, C::kTileVecs>(keys, k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji,
+                                         rows_padded);
       else
-        scores_microtile<C, 1, 1>(k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji, rows_padded);
+        scores_leftover<C, 1>(keys, k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji, rows_padded);
       i += wide ? kWide : C::kLanes;
     }
-    j += full ? C::kTileRows : 1;
+    j += keys;
+  }
+}
+
+// The last `rows` (< kTileRows) query rows of the output in one micro-tile of
+// exactly that many rows (see scores_leftover).
+template <class C, int kVecs, int kRows = C::kTileRows - 1>
+WAVEBOOST_CPU_INLINE void pv_leftover(int64_t rows, const typename C::Element* p_t, int64_t ldp,
+                                      const typename C::Element* v, int64_t ldv, int64_t cols,
+                                      const typename C::Element* alpha, typename C::Element* o, int64_t ldo) {
+  if constexpr (kRows >= 1) {
+    if (rows == kRows)
+      pv_microtile<C, kRows, kVecs>(p_t, ldp, v, ldv, cols, alpha, o, ldo);
+    else
+      pv_leftover<C, kVecs, kRows - 1>(rows, p_t, ldp, v, ldv, cols, alpha, o, ldo);
   }
 }
 
@@ -285,7 +316,8 @@ WAVEBOOST_CPU_INLINE void accumulate_pv(const typename C::Element* p_t, const ty
   for (int64_t d = 0; d < dim_padded;) {
     const bool wide = d + kWide <= dim_padded;
     for (int64_t i = 0; i < rows_padded;) {
-      const bool full = i + C::kTileRows <= rows_padded;
+      const int64_t rows = std::min<int64_t>(C::kTileRows, rows_padded - i);
+      const bool full = rows == C::kTileRows;
       const typename C::Element* p_i = p_t + i;
       typename C::Element* o_id = o + i * dim_padded + d;
       if (full && wide)
@@ -294,10 +326,10 @@ WAVEBOOST_CPU_INLINE void accumulate_pv(const typename C::Element* p_t, const ty
       else if (full)
         pv_microtile<C, C::kTileRows, 1>(p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id, dim_padded);
       else if (wide)
-        pv_microtile<C, 1, C::kTileVecs>(p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id, dim_padded);
+        pv_leftover<C, C::kTileVecs>(rows, p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id, dim_padded);
       else
-        pv_microtile<C, 1, 1>(p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id, dim_padded);
-      i += full ? C::kTileRows : 1;
+        pv_leftover<C, 1>(rows, p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id, dim_padded);
+      i += rows;
     }
     d += wide ? kWide : C::kLanes;
   }
@@ -348,6 +380,32 @@ WAVEBOOST_CPU_INLINE void online_softmax_tile(int64_t cols, int64_t rows_padded,
     S::store(m + i, m_new);
   }
 }
+
+// The per-tile steps of attention_query_block. By default they are inlined into
+// it; a configuration may specialize this class to compile them as functions
+// of their own (cpu_attention.cpp does for AVX2, where inlining everything into
+// one function made GCC spill a micro-tile accumulator inside the P V loop)
+// or to add work such as prefetching the next tile.
+template <class C>
+struct TileSteps {
+  using T = typename C::Element;
+  // Called once per tile before scores(), with the rows of the next tile (nullptr at the last
+  // tile, or when they are not at a fixed stride).
+  static WAVEBOOST_CPU_INLINE void prefetch_next(const T* /*k_next*/, int64_t /*k_stride*/, const T* /*v_next*/,
+                                                 int64_t /*v_stride*/, int64_t /*rows*/, int64_t /*head_dim*/) {}
+  static WAVEBOOST_CPU_INLINE void scores(const T* k, int64_t k_row_stride, int64_t cols, const T* q_t,
+                                          int64_t rows_padded, int64_t head_dim, T* s) {
+    scores_tile<C>(k, k_row_stride, cols, q_t, rows_padded, head_dim, s);
+  }
+  static WAVEBOOST_CPU_INLINE void softmax(int64_t cols, int64_t rows_padded, const T* key_limit, bool apply_mask,
+                                           T* s, T* m, T* l, T* alpha) {
+    online_softmax_tile<C>(cols, rows_padded, key_limit, apply_mask, s, m, l, alpha);
+  }
+  static WAVEBOOST_CPU_INLINE void pv(const T* p_t, const T* v, int64_t cols, const T* alpha, int64_t rows_padded,
+                                      int64_t dim_padded, T* o) {
+    accumulate_pv<C>(p_t, v, cols, alpha, rows_padded, dim_padded, o);
+  }
+};
 
 // Computes out (and lse) for one block of query rows of one (batch, head). A paged K/V
 // (block_table set) is read through key_row; params must then describe one sequence (batch 1).
@@ -428,9 +486,14 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
       k_stride = head_dim;
     }
 
-    scores_tile<C>(k_rows, k_stride, cols, q_t, rows_padded, head_dim, p_t);
-    online_softmax_tile<C>(cols, rows_padded, key_limit, apply_mask, p_t, m, l, alpha);
-    accumulate_pv<C>(p_t, v_tile, cols, alpha, rows_padded, dim_padded, o);
+    const int64_t next_begin = key_begin + C::kBlockN;
+    if (!paged && next_begin < key_end)
+      TileSteps<C>::prefetch_next(k + next_begin * params.k_row_stride, params.k_row_stride,
+                                  v + next_begin * params.v_row_stride, params.v_row_stride,
+                                  std::min<int64_t>(C::kBlockN, key_end - next_begin), head_dim);
+    TileSteps<C>::scores(k_rows, k_stride, cols, q_t, rows_padded, head_dim, p_t);
+    TileSteps<C>::softmax(cols, rows_padded, key_limit, apply_mask, p_t, m, l, alpha);
+    TileSteps<C>::pv(p_t, v_tile, cols, alpha, rows_padded, dim_padded, o);
   }
 
   // out = O / l; lse = ln(sum_j e^(scale * q.k_j)) = (m + log2(l)) * ln(2).
