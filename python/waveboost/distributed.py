@@ -138,11 +138,12 @@ class _Ring:
         self.next = dist.get_global_rank(group, (self.rank + 1) % self.world) if group is not None else (self.rank + 1) % self.world
         self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world) if group is not None else (self.rank - 1) % self.world
 
-    def shift(self, tensor: torch.Tensor):
-        """Starts sending ``tensor`` to the next rank and receiving the previous rank's into a new buffer."""
+    def shift(self, tensor: torch.Tensor, tag: int = 0):
+        """Starts sending ``tensor`` to the next rank and receiving the previous rank's into a new buffer.
+        Transfers in flight at once carry distinct tags (gloo matches a receive by peer and tag)."""
         buffer = torch.empty_like(tensor)
-        ops = [dist.P2POp(dist.isend, tensor, self.next, self.group),
-               dist.P2POp(dist.irecv, buffer, self.prev, self.group)]
+        ops = [dist.P2POp(dist.isend, tensor, self.next, self.group, tag),
+               dist.P2POp(dist.irecv, buffer, self.prev, self.group, tag)]
         return buffer, dist.batch_isend_irecv(ops)
 
 
@@ -236,7 +237,7 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, causal, scale, layout, ring: _
             dkv[1][:, keys] += grads[2].to(dq.dtype)
         # The gradient of the shard in hand follows it to the next rank; after the last step it
         # has visited every rank and one more hop takes it home.
-        dkv, dkv_requests = ring.shift(dkv)
+        dkv, dkv_requests = ring.shift(dkv, tag=1)
         _wait(dkv_requests)
         if step + 1 < ring.world:
             _wait(kv_requests)

@@ -294,7 +294,16 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32)
 
 
-_attention_varlen_op.register_autograd(_no_backward)
+def _no_varlen_backward(ctx, grad_out: Tensor, grad_lse: Tensor):
+    raise NotImplementedError(
+        "waveboost::attention_varlen has no backward yet (the backward pass runs on dense batches: "
+        "waveboost.torch.attention). Run it under torch.no_grad() or torch.inference_mode()."
+    )
+
+
+# Differentiating through the op fails with a message saying why; forward calls on tensors that
+# require grad are fine.
+_attention_varlen_op.register_autograd(_no_varlen_backward)
 
 
 @torch.library.custom_op(
