@@ -30,7 +30,8 @@ import numpy as np
 from . import _waveboost
 from ._api import BACKENDS
 
-__all__ = ["BACKWARD_TARGET_NAME", "TARGET_NAME", "attention", "attention_backward", "ffi_available"]
+__all__ = ["BACKWARD_TARGET_NAME", "TARGET_NAME", "attention", "attention_backward", "ffi_available", "ring_attention",
+           "shard_sequence", "unshard_sequence"]
 
 #: The XLA custom-call target the handlers are registered under, for both platforms.
 TARGET_NAME = "waveboost_attention"
@@ -275,3 +276,6 @@ def attention_backward(
                                     softmax_scale=softmax_scale, has_dlse=has_dlse,
                                     deterministic=bool(deterministic), backend=backend)
 
+
+# Context parallelism inside jax.shard_map (python/waveboost/_jax_ring.py).
+from ._jax_ring import ring_attention, shard_sequence, unshard_sequence  # noqa: E402

@@ -1,0 +1,148 @@
+"""Context parallelism (waveboost.distributed.ring_attention, waveboost.jax.ring_attention) on the
+CPU: several processes over gloo (torch) and several host devices (JAX), each shard's result
+against attention over the whole sequence."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+import waveboost  # noqa: E402
+
+TESTS = os.path.dirname(__file__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(world: int, tmp_path, with_backward: bool, backend: str = "gloo"):
+    import torch.multiprocessing as mp
+
+    sys.path.insert(0, TESTS)
+    import _ring_worker
+
+    mp.start_processes(_ring_worker.run, args=(world, _free_port(), str(tmp_path), with_backward, backend),
+                       nprocs=world, join=True, start_method="spawn")
+    return [json.load(open(tmp_path / f"rank{r}.json")) for r in range(world)]
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this torch build")
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_attention_matches_full_sequence(world, tmp_path):
+    with_backward = hasattr(waveboost, "attention_backward")
+    results = _spawn(world, tmp_path, with_backward)
+    failures = []
+    for rank, rows in enumerate(results):
+        assert len(rows) == 2 * 2 * 2 * 3 * 2
+        for row in rows:
+            for name, err in row["errors"].items():
+                # The LSE is float32 whatever the inputs (waveboost's contract), and the merge
+                # weights exp(lse_i - lse) carry its rounding: ~1e-7 relative even for float64.
+                bound = 2e-6 if name in ("out", "lse") else 1e-5
+                if not err <= bound:  # NaN fails too
+                    failures.append(f"rank {rank} {row} {name}: {err:.3g} > {bound}")
+        if with_backward:
+            assert all({"dq", "dk", "dv"} <= set(row["errors"]) for row in rows)
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.gpu
+def test_ring_attention_on_two_gpus_nccl(tmp_path):
+    """bf16/fp16 over NCCL: the ring's error stays within twice the single-GPU call's (plus rounding)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 CUDA devices; {torch.cuda.device_count()} visible")
+    with_backward = hasattr(waveboost, "attention_backward")
+    results = _spawn(2, tmp_path, with_backward, backend="nccl")
+    failures = []
+    for rank, rows in enumerate(results):
+        for row in rows:
+            errs = row["errors"]
+            for name in ("out", "dq", "dk", "dv"):
+                if name not in errs:
+                    continue
+                bound = 2 * errs["single_" + name] + 2e-3
+                if not errs[name] <= bound:
+                    failures.append(f"rank {rank} {row} {name}: {errs[name]:.3g} > {bound:.3g}")
+            if not errs["lse"] <= 1e-2:
+                failures.append(f"rank {rank} {row} lse: {errs['lse']:.3g}")
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_ring_attention_argument_errors():
+    from waveboost.distributed import ring_attention, shard_sequence
+
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ring_attention(q, q, q)
+    with pytest.raises(ValueError, match="layout"):
+        shard_sequence(q, 0, 2, layout="spiral")
+    with pytest.raises(ValueError, match="multiple of 4"):
+        shard_sequence(torch.randn(1, 6, 2, 16), 0, 2, layout="zigzag")
+
+
+JAX_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, json
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={world}"
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    sys.path.insert(0, {tests!r})
+    from reference import attention_ref
+    import waveboost.jax as wj
+    from waveboost._layout import shard
+    shard_numpy = lambda x, r, w, layout, axis=1: shard(x, r, w, layout, axis, lambda p, a: np.concatenate(p, axis=a))
+    from jax.sharding import Mesh, PartitionSpec as P
+    world = {world}
+    mesh = Mesh(np.array(jax.devices()[:world]), ("sp",))
+    rng = np.random.default_rng(7)
+    failures = []
+    for causal in (False, True):
+        for layout in ("zigzag", "contiguous"):
+            for heads, heads_kv in ((4, 4), (4, 1)):
+                L = 8 * world
+                q = rng.standard_normal((2, L, heads, 16))
+                k = rng.standard_normal((2, L, heads_kv, 16))
+                v = rng.standard_normal((2, L, heads_kv, 16))
+                ref, ref_lse = attention_ref(q, k, v, causal=causal, softmax_scale=0.3)
+                # Shards laid out rank after rank, so that shard_map's even split hands rank r its shard.
+                sharded = [np.concatenate([shard_numpy(x, r, world, layout) for r in range(world)], axis=1)
+                           for x in (q, k, v)]
+                fn = jax.shard_map(lambda a, b, c: wj.ring_attention(a, b, c, axis_name="sp", causal=causal,
+                                                                     softmax_scale=0.3, layout=layout,
+                                                                     return_lse=True),
+                                   mesh=mesh, in_specs=(P(None, "sp"),) * 3, out_specs=(P(None, "sp"), P(None, None, "sp")))
+                out, lse = jax.jit(fn)(*[jnp.asarray(x) for x in sharded])
+                expected = np.concatenate([shard_numpy(ref, r, world, layout) for r in range(world)], axis=1)
+                expected_lse = np.concatenate([shard_numpy(ref_lse, r, world, layout, axis=2) for r in range(world)], axis=2)
+                err = np.abs(np.asarray(out) - expected).max()
+                lse_err = np.abs(np.asarray(lse) - expected_lse).max()
+                if not (err < 2e-6 and lse_err < 2e-6):
+                    failures.append((causal, layout, heads, heads_kv, float(err), float(lse_err)))
+    print(json.dumps(failures))
+    """
+)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_jax_ring_attention_on_host_devices(world):
+    pytest.importorskip("jax")
+    import waveboost.jax as wj
+
+    if not wj.ffi_available():
+        pytest.skip("waveboost.jax.attention needs the XLA FFI handlers (built with jaxlib's headers)")
+    script = JAX_SCRIPT.format(world=world, tests=TESTS)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
