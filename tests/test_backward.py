@@ -825,3 +825,21 @@ def test_torch_deterministic_algorithms_reach_the_backward(rng, monkeypatch):
     finally:
         torch.use_deterministic_algorithms(previous)
     assert seen == [False, True]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["fp32", "fp64"])
+def test_cpu_backward_uses_the_given_lse_over_more_keys(rng, dtype):
+    # Ring attention's contract: the backward of one KV shard, given the merged out and lse of all
+    # shards, is that shard's part of the whole call's gradient (P = exp(S - lse_global)).
+    q, k, v = random_qkv(rng, 2, 23, 40, 4, 2, 16, dtype)
+    dout = rng.standard_normal(q.shape).astype(dtype)
+    dlse = rng.standard_normal((2, 4, 23)).astype(np.float32)
+    out, lse = waveboost.attention(q, k, v, return_lse=True)
+    dq, dk, dv = attention_backward_ref(dout, q, k, v, dlse=dlse)
+    parts = [waveboost.attention_backward(dout, q, k[:, keys], v[:, keys], out, lse, dlse=dlse)
+             for keys in (slice(0, 17), slice(17, 40))]
+    # The float32 lse sets the accuracy: P's relative error is lse's absolute rounding error.
+    tol = 1e-5 if dtype == np.float32 else 1e-6
+    assert rel_err(parts[0][0] + parts[1][0], dq) < tol
+    assert rel_err(np.concatenate([parts[0][1], parts[1][1]], axis=1), dk) < tol
+    assert rel_err(np.concatenate([parts[0][2], parts[1][2]], axis=1), dv) < tol
