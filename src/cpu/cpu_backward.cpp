@@ -15,8 +15,13 @@
 // fixed order that depends only on its index: the gradients are bitwise reproducible whatever
 // the thread count (deterministic by construction; the `deterministic` flag changes nothing).
 //
-// The row statistics are recomputed in the working precision rather than read from the
-// forward's float32 lse, which would cap float64 gradients at float32 accuracy.
+// P is exp(S - lse) with the caller's lse, as on every backend: a caller may pass an lse over
+// more keys than this call sees (ring attention passes the merged lse of every KV shard, with the
+// merged out), and D then uses that out. The lse is float32, though, which would cap float64
+// gradients at float32 accuracy; so each row's logsumexp over this call's keys is recomputed in
+// the working precision, and it replaces the given one when the two agree to within float32
+// rounding (the given one is then that value rounded, and the recomputed one the same number
+// more precisely).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -82,6 +87,10 @@ struct Problem {
     return static_cast<T>(p.dlse[b * p.dlse_batch_stride + h * p.dlse_head_stride + i]);
   }
 
+  float lse(int64_t b, int64_t h, int64_t i) const {
+    return p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i];
+  }
+
   // Keys [0, visible_keys(i)) are those query i sees.
   int64_t visible_keys(int64_t i) const {
     if (!p.is_causal) return p.seqlen_k;
@@ -93,6 +102,17 @@ struct Problem {
     return std::clamp<int64_t>(j - causal_offset, 0, p.seqlen_q);
   }
 };
+
+// The lse a row's P uses: the caller's float32 `given`, or `local` (this call's keys, in the
+// working precision) where `given` is `local` rounded to float32 (two float32 ulps allow for
+// the rounding of the forward's own arithmetic).
+template <typename T>
+CPU_BWD_INLINE T refined_lse(float given, T local) {
+  if (!std::isfinite(given) || !std::isfinite(local)) return static_cast<T>(given);
+  const float magnitude = std::fabs(given);
+  const T ulp = static_cast<T>(std::nextafter(magnitude, std::numeric_limits<float>::infinity()) - magnitude);
+  return std::fabs(static_cast<T>(given) - local) <= 2 * ulp ? local : static_cast<T>(given);
+}
 
 // Keys [j0, j0 + n) of one kv head packed transposed: kt[d * kBlockN + j] = k[j0 + j][d], so
 // score rows are built from contiguous axpy steps (vectorizable without reassociation).
@@ -152,7 +172,8 @@ CPU_BWD_INLINE void query_block(const Problem<T>& pr, int64_t b, int64_t h, int6
   }
   for (int64_t r = 0; r < m; ++r) {
     const int64_t i = i0 + r;
-    lse_buf[stat + i] = row_sum[r] > T(0) ? row_max[r] + std::log(row_sum[r]) : -std::numeric_limits<T>::infinity();
+    const T local = row_sum[r] > T(0) ? row_max[r] + std::log(row_sum[r]) : -std::numeric_limits<T>::infinity();
+    lse_buf[stat + i] = refined_lse(pr.lse(b, h, i), local);
     const T* o = pr.o_row(b, h, i);
     const T* dout = pr.do_row(b, h, i);
     T dot = 0;
