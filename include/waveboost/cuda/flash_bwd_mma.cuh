@@ -206,19 +206,22 @@ __device__ __forceinline__ void reduce_add_16B(float4* at, float4 x) {
 #endif
 }
 
-// The semaphore of one (batch * head, query block) for the deterministic dQ.
+// The semaphore of one (batch * head, query block) for the deterministic dQ: one thread acquires
+// it at gpu scope, and the block barrier orders every thread's reads of dQ after that acquire.
 __device__ __forceinline__ void wait_for_turn(const int* semaphore, int turn) {
   if (threadIdx.x == 0) {
-    while (*reinterpret_cast<const volatile int*>(semaphore) != turn) __nanosleep(64);
-    __threadfence();
+    int now;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(now) : "l"(semaphore) : "memory");
+    } while (now != turn);
   }
   __syncthreads();
 }
 
+// After the block barrier, one release at gpu scope publishes every thread's dQ writes.
 __device__ __forceinline__ void pass_turn(int* semaphore) {
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) atomicAdd(semaphore, 1);
+  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(semaphore) : "memory");
 }
 
 /// \brief One block: kBlockN keys of one (batch, kv head).
