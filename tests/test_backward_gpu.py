@@ -217,8 +217,9 @@ def test_empty_sequences(path, lq, lk):
 @pytest.mark.parametrize("path,dname,d", [("naive", "fp16", 64), ("mma", "bf16", 64), ("mma", "fp16", 128),
                                           ("mma", "bf16", 128)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_bitwise(path, dname, d, causal):
-    q, k, v, dout = random_inputs(2, 700, 900, 8, 2, d, DTYPES[dname], seed=d)
+@pytest.mark.parametrize("lq,lk", [(700, 900), (900, 700), (1, 300)])
+def test_deterministic_bitwise(path, dname, d, causal, lq, lk):
+    q, k, v, dout = random_inputs(2, lq, lk, 8, 2, d, DTYPES[dname], seed=d + lq)
     out, lse = waveboost.attention(q, k, v, causal=causal, return_lse=True, backend=path)
     runs = []
     for _ in range(3):

@@ -17,7 +17,7 @@
 //                  dQ  += dS K                   dS^T through shared memory; 16 B fp32 reductions
 //                                                into the accumulator (red.global.add.v4.f32 on
 //                                                sm_90), or, deterministic, plain adds by one key
-//                                                block at a time in key-block order (a
+//                                                block at a time in a fixed key-block order (a
 //                                                per-(head, query block) semaphore)
 //   convert      dq = c * dQ accumulator, in the element type
 //
@@ -206,19 +206,22 @@ __device__ __forceinline__ void reduce_add_16B(float4* at, float4 x) {
 #endif
 }
 
-// The semaphore of one (batch * head, query block) for the deterministic dQ.
+// The semaphore of one (batch * head, query block) for the deterministic dQ: one thread acquires
+// it at gpu scope, and the block barrier orders every thread's reads of dQ after that acquire.
 __device__ __forceinline__ void wait_for_turn(const int* semaphore, int turn) {
   if (threadIdx.x == 0) {
-    while (*reinterpret_cast<const volatile int*>(semaphore) != turn) __nanosleep(64);
-    __threadfence();
+    int now;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(now) : "l"(semaphore) : "memory");
+    } while (now != turn);
   }
   __syncthreads();
 }
 
+// After the block barrier, one release at gpu scope publishes every thread's dQ writes.
 __device__ __forceinline__ void pass_turn(int* semaphore) {
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) atomicAdd(semaphore, 1);
+  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(semaphore) : "memory");
 }
 
 /// \brief One block: kBlockN keys of one (batch, kv head).
@@ -248,7 +251,9 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const int64_t b = bhk / p.heads_kv;
   const int64_t h_kv = bhk % p.heads_kv;
   const int64_t group = p.heads / p.heads_kv;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBlockN;
+  // Key block. Deterministic and causal, the blocks launch last key block first (see the dQ turn below).
+  const int64_t n_block = kDeterministic && kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int64_t n0 = n_block * kBlockN;
   const int64_t causal_offset = p.seqlen_k - p.seqlen_q;
 
   // Query blocks this key block is seen by: all, or (causal) from the one holding the first
@@ -435,7 +440,18 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     // dQ (kBlockM x kHeadDim) += dS K: this warp's 16 query rows x kDqTilesPerWarp n8 tiles of dims.
     float* dq_rows = ws.dq_accum + ((b * p.heads + h) * ws.m_pad + m0 + 16 * dq_m) * kHeadDim;
     int* semaphore = kDeterministic ? ws.semaphores + (b * p.heads + h) * (ws.m_pad / kBlockM) + m_index : nullptr;
-    if constexpr (kDeterministic) wait_for_turn(semaphore, static_cast<int>(blockIdx.x));
+    if constexpr (kDeterministic) {
+      // The fixed order of the key blocks adding into query block m. Non-causal: ascending, every
+      // block visits the query blocks in the same order, so block n waits for block n - 1 (launched
+      // before it). Causal: descending from the last key block that sees m: block n + 1 starts
+      // one or two query blocks later than block n and gets to m first, and it launched first.
+      int turn = static_cast<int>(n_block);
+      if constexpr (kCausal) {
+        const int64_t last_seeing = ((m_index + 1) * kBlockM + causal_offset - 1) / kBlockN;
+        turn = static_cast<int>(min(last_seeing, static_cast<int64_t>(gridDim.x) - 1) - n_block);
+      }
+      wait_for_turn(semaphore, turn);
+    }
 #pragma unroll
     for (int pass = 0; pass < Traits::kDqTilesPerWarp / Traits::kDqTilesPerPass; ++pass) {
       float dq[Traits::kDqTilesPerPass][4];
