@@ -672,6 +672,12 @@ def merge_attention_states(outs: Any, lses: Any, *, out: Any = None, return_lse:
         raise ValueError("outs must hold at least one part; got an empty sequence")
     first = outs[0] if isinstance(outs, (list, tuple)) else outs
     adapter = _adapter_for(first, "outs")
+    if adapter.name == "jax" and out is None:
+        from . import jax as waveboost_jax
+
+        if waveboost_jax.merge_ffi_available():
+            # XLA's route: works under jit too.
+            return waveboost_jax.merge_attention_states(outs, lses, return_lse=return_lse)
     if isinstance(outs, (list, tuple)):
         outs = _stack(adapter, outs, "outs")
     if isinstance(lses, (list, tuple)):

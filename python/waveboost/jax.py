@@ -28,7 +28,8 @@ from . import _waveboost
 from ._api import BACKENDS
 
 __all__ = ["TARGET_NAME", "attention", "ffi_available", "KVCACHE_TARGET_NAME", "attention_with_kvcache",
-           "kvcache_ffi_available", "VARLEN_TARGET_NAME", "attention_varlen", "varlen_ffi_available"]
+           "kvcache_ffi_available", "VARLEN_TARGET_NAME", "attention_varlen", "varlen_ffi_available",
+           "MERGE_TARGET_NAME", "merge_attention_states", "merge_ffi_available"]
 
 #: The XLA custom-call target the handlers are registered under, for both platforms.
 TARGET_NAME = "waveboost_attention"
@@ -409,4 +410,71 @@ def attention_varlen(
         empty if seqused_k is None else seqused_k, block_table if paged else jnp.zeros((0, 0), jnp.int32),
         max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), causal=bool(causal),
         softmax_scale=softmax_scale, backend=backend, paged=paged, has_seqused=seqused_k is not None)
+    return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------
+# Serving: merging partial attention states.
+# ---------------------------------------------------------------------------
+
+#: The custom-call target of the merge handlers.
+MERGE_TARGET_NAME = "waveboost_merge_attention_states"
+_MERGE_SYMBOLS = {"cpu": "waveboost_jax_merge_cpu", "CUDA": "waveboost_jax_merge_cuda"}
+
+
+@functools.cache
+def _merge_platforms() -> tuple[str, ...]:
+    library = ctypes.CDLL(_waveboost.__file__)
+    platforms = []
+    for platform, symbol in _MERGE_SYMBOLS.items():
+        handler = getattr(library, symbol, None)
+        if handler is not None:
+            jax.ffi.register_ffi_target(MERGE_TARGET_NAME, jax.ffi.pycapsule(handler), platform=platform)
+            platforms.append(platform)
+    return tuple(platforms)
+
+
+def merge_ffi_available() -> bool:
+    """Whether this build carries the XLA FFI handlers of ``merge_attention_states``."""
+    return "cpu" in _merge_platforms()
+
+
+@jax.jit
+def _merge_call(outs, lses):
+    _, batch, seqlen, heads, _ = outs.shape
+    call = jax.ffi.ffi_call(
+        MERGE_TARGET_NAME,
+        (jax.ShapeDtypeStruct(outs.shape[1:], outs.dtype), jax.ShapeDtypeStruct((batch, heads, seqlen), jnp.float32)),
+    )
+    return call(outs, lses)
+
+
+def merge_attention_states(outs: Any, lses: Any, *, return_lse: bool = True) -> Any:
+    """``waveboost.merge_attention_states`` for JAX, as an XLA custom call (usable under ``jit``).
+
+    ``outs`` (num_parts, batch, seqlen, heads, head_dim) or a sequence of (batch, seqlen, heads,
+    head_dim) arrays; ``lses`` float32 (num_parts, batch, heads, seqlen) or a sequence of
+    (batch, heads, seqlen). The merged output has outs' dtype.
+    """
+    if not _merge_platforms():
+        _require_ffi(())
+    if isinstance(outs, (list, tuple)):
+        if not outs:
+            raise ValueError("outs must hold at least one part; got an empty sequence")
+        outs = jnp.stack(outs)
+    if isinstance(lses, (list, tuple)):
+        lses = jnp.stack(lses)
+    if "CUDA" not in _merge_platforms():
+        _require_ffi((outs, lses))
+    os_, ls = jnp.shape(outs), jnp.shape(lses)
+    if len(os_) != 5:
+        raise ValueError(f"outs must be (num_parts, batch, seqlen, heads, head_dim); got shape {os_}")
+    if jnp.result_type(outs) not in _SUPPORTED_DTYPES:
+        raise TypeError(f"outs must have dtype float16, bfloat16, float32 or float64; got {jnp.result_type(outs)}")
+    if jnp.result_type(lses) != jnp.float32:
+        raise TypeError(f"lses must have dtype float32; got {jnp.result_type(lses)}")
+    if ls != (os_[0], os_[1], os_[3], os_[2]):
+        raise ValueError(f"lses must have shape (num_parts, batch, heads, seqlen) = {(os_[0], os_[1], os_[3], os_[2])}; "
+                         f"got {ls}")
+    out, lse = _merge_call(outs, lses)
     return (out, lse) if return_lse else out

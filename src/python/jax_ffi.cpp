@@ -38,6 +38,10 @@ WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_attention_cuda(XLA_FFI_CallFra
 #endif
 WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_kvcache_cpu(XLA_FFI_CallFrame* call_frame);
 WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_varlen_cpu(XLA_FFI_CallFrame* call_frame);
+WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_merge_cpu(XLA_FFI_CallFrame* call_frame);
+#ifdef WAVEBOOST_WITH_CUDA
+WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_merge_cuda(XLA_FFI_CallFrame* call_frame);
+#endif
 #ifdef WAVEBOOST_WITH_CUDA
 WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_varlen_cuda(XLA_FFI_CallFrame* call_frame);
 #endif
@@ -464,4 +468,70 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_varlen_cpu, varlen_cpu, ffi::Ffi::Bi
 XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_varlen_cuda, varlen_cuda,
                               ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>()
                                   WAVEBOOST_VARLEN_BINDING);
+#endif
+
+// ---------------------------------------------------------------------------
+// Merging partial attention states: outs (num_parts, batch, seqlen, heads, head_dim), lses float32
+// (num_parts, batch, heads, seqlen) -> out (batch, seqlen, heads, head_dim) in outs' dtype, lse.
+// ---------------------------------------------------------------------------
+namespace {
+
+ffi::Error merge(DeviceType device_type, int device_id, void* stream, ffi::AnyBuffer outs, ffi::AnyBuffer lses,
+                 ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
+  const std::optional<DType> dtype = to_dtype(outs.element_type());
+  if (!dtype) return ffi::Error::InvalidArgument("outs must have dtype float16, bfloat16, float32 or float64");
+  if (lses.element_type() != ffi::DataType::F32) return ffi::Error::InvalidArgument("lses must be float32");
+  const auto od = outs.dimensions(), ld = lses.dimensions();
+  if (od.size() != 5 || ld.size() != 4 || ld[0] != od[0] || ld[1] != od[1] || ld[2] != od[3] || ld[3] != od[2])
+    return ffi::Error::InvalidArgument("outs must be (num_parts, batch, seqlen, heads, head_dim) and lses "
+                                       "(num_parts, batch, heads, seqlen); got " + dims_str(od) + " and " + dims_str(ld));
+  const int64_t parts = od[0], batch = od[1], seqlen = od[2], heads = od[3], head_dim = od[4];
+  waveboost::MergeStatesParams m;
+  m.outs = outs.untyped_data();
+  m.outs_dtype = *dtype;
+  m.outs_head_stride = head_dim, m.outs_row_stride = heads * head_dim, m.outs_batch_stride = seqlen * heads * head_dim;
+  m.outs_part_stride = batch * m.outs_batch_stride;
+  m.lses = static_cast<const float*>(lses.untyped_data());
+  m.lses_row_stride = 1, m.lses_head_stride = seqlen, m.lses_batch_stride = heads * seqlen;
+  m.lses_part_stride = batch * heads * seqlen;
+  m.out = out->untyped_data();
+  m.dtype = *dtype;
+  m.o_head_stride = head_dim, m.o_row_stride = heads * head_dim, m.o_batch_stride = seqlen * heads * head_dim;
+  m.lse = static_cast<float*>(lse->untyped_data());
+  m.lse_head_stride = seqlen, m.lse_batch_stride = heads * seqlen;
+  m.num_parts = parts, m.batch = batch, m.seqlen = seqlen, m.heads = heads, m.head_dim = head_dim;
+  m.device_type = device_type;
+  m.device_id = device_id;
+  return to_ffi_error(waveboost::merge_attention_states(m, stream));
+}
+
+ffi::Error merge_cpu(ffi::AnyBuffer outs, ffi::AnyBuffer lses, ffi::Result<ffi::AnyBuffer> out,
+                     ffi::Result<ffi::AnyBuffer> lse) {
+  return merge(DeviceType::kCPU, 0, nullptr, outs, lses, out, lse);
+}
+
+#ifdef WAVEBOOST_WITH_CUDA
+ffi::Error merge_cuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuffer outs, ffi::AnyBuffer lses,
+                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
+  return merge(DeviceType::kCUDA, device_ordinal, stream, outs, lses, out, lse);
+}
+#endif
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_merge_cpu, merge_cpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()   // outs
+                                  .Arg<ffi::AnyBuffer>()   // lses
+                                  .Ret<ffi::AnyBuffer>()   // out
+                                  .Ret<ffi::AnyBuffer>());  // lse
+#ifdef WAVEBOOST_WITH_CUDA
+XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_merge_cuda, merge_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()   // outs
+                                  .Arg<ffi::AnyBuffer>()   // lses
+                                  .Ret<ffi::AnyBuffer>()   // out
+                                  .Ret<ffi::AnyBuffer>());  // lse
 #endif
