@@ -159,3 +159,29 @@ def test_gpu_merge(rng, dtype):
     tol = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-6}[dtype]
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
     np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_jax_merge_under_jit(rng):
+    jax = pytest.importorskip("jax")
+    wbj = pytest.importorskip("waveboost.jax")
+    if not wbj.merge_ffi_available():
+        pytest.skip("this build of waveboost has no XLA FFI handlers (jaxlib's headers were not found)")
+    outs = rng.standard_normal((3, 2, 5, 4, 16)).astype(np.float32)
+    lses = rng.standard_normal((3, 2, 4, 5)).astype(np.float32)
+    lses[1] = -np.inf
+    outs[1] = np.nan
+    lses[:, 0, 2, 3] = -np.inf
+    ref, ref_lse = merge_states_ref(outs, lses)
+    with jax.default_device(jax.devices("cpu")[0]):
+        jo, jl = jax.numpy.asarray(outs), jax.numpy.asarray(lses)
+        out, lse = jax.jit(wbj.merge_attention_states)(jo, jl)
+        np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=1e-6)
+        # waveboost.merge_attention_states sends JAX arrays the same way; sequences are stacked.
+        out2 = waveboost.merge_attention_states([jo[i] for i in range(3)], [jl[i] for i in range(3)],
+                                                return_lse=False)
+        np.testing.assert_array_equal(np.asarray(out2), np.asarray(out))
+        with pytest.raises(TypeError, match="lses must have dtype float32"):
+            wbj.merge_attention_states(jo, jl.astype(jax.numpy.float16))
+        with pytest.raises(ValueError, match=r"lses must have shape \(num_parts, batch, heads, seqlen\)"):
+            wbj.merge_attention_states(jo, jl[:2])

@@ -380,3 +380,46 @@ def test_paged_varlen_property(data, batch, heads_kv, group, head_dim, page_size
     packed_v = np.concatenate([cache_v[b, :used[b]] for b in range(batch)]) if cu_k[-1] else cache_v[0, :0]
     packed = waveboost.attention_varlen(q, packed_k, packed_v, cu_q, cu_k, causal=causal)
     np.testing.assert_allclose(packed, out, rtol=1e-12, atol=1e-12)
+
+
+# ---- JAX -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("paged", [False, True], ids=["packed", "paged"])
+def test_jax_varlen_under_jit(rng, paged):
+    jax = pytest.importorskip("jax")
+    wbj = pytest.importorskip("waveboost.jax")
+    if not wbj.varlen_ffi_available():
+        pytest.skip("this build of waveboost has no XLA FFI handlers (jaxlib's headers were not found)")
+    batch, heads, heads_kv, head_dim, page_size = 4, 4, 2, 32, 8
+    lq = np.array([3, 0, 1, 9])
+    used = np.array([5, 7, 0, 24], np.int32)
+    cu_q, cu_k = cu_seqlens(lq), cu_seqlens(used)
+    q = _packed(rng, cu_q[-1], heads, head_dim, np.float32)
+    cache = rng.standard_normal((batch, 24, heads_kv, head_dim)).astype(np.float32)
+    pages, table = paged_from_contiguous(rng, cache, page_size)
+    packed = np.concatenate([cache[b, :used[b]] for b in range(batch)])
+    expected = waveboost.attention_varlen(q, packed, packed, cu_q, cu_k, causal=True)
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        jq, jcu_q, jcu_k, jused, jtable = (jax.numpy.asarray(x) for x in (q, cu_q, cu_k, used, table))
+        if paged:
+            kv = jax.numpy.asarray(pages)
+            fn = jax.jit(lambda q, kv, cu_q, used, table: wbj.attention_varlen(
+                q, kv, kv, cu_q, None, max_seqlen_q=9, block_table=table, seqused_k=used, causal=True))
+            out = fn(jq, kv, jcu_q, jused, jtable)
+        else:
+            kv = jax.numpy.asarray(packed)
+            fn = jax.jit(lambda q, kv, cu_q, cu_k: wbj.attention_varlen(
+                q, kv, kv, cu_q, cu_k, max_seqlen_q=9, max_seqlen_k=24, causal=True))
+            out = fn(jq, kv, jcu_q, jcu_k)
+        np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6, atol=1e-6)
+        # waveboost.attention_varlen takes the same route for JAX arrays, eagerly too.
+        eager = waveboost.attention_varlen(jq, jax.numpy.asarray(packed), jax.numpy.asarray(packed), jcu_q, jcu_k,
+                                           causal=True)
+        np.testing.assert_array_equal(np.asarray(eager), expected)
+        with pytest.raises(ValueError, match="max_seqlen_q is required under jit"):
+            jax.jit(lambda q, kv, cu_q, cu_k: wbj.attention_varlen(q, kv, kv, cu_q, cu_k, max_seqlen_k=24))(
+                jq, jax.numpy.asarray(packed), jcu_q, jcu_k)
+        with pytest.raises(TypeError, match="cu_seqlens_k must have dtype int32"):
+            wbj.attention_varlen(jq, jax.numpy.asarray(packed), jax.numpy.asarray(packed), jcu_q,
+                                 jcu_k.astype(jax.numpy.float32))

@@ -707,6 +707,14 @@ def attention_varlen(
     _one_framework(adapter, "q", (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
                                   ("block_table", block_table), ("seqused_k", seqused_k), ("out", out)))
     if adapter.name == "jax":
+        from . import jax as waveboost_jax
+
+        if out is None and not validate and waveboost_jax.varlen_ffi_available():
+            # XLA's route: works under jit (with max_seqlen_* given there).
+            return waveboost_jax.attention_varlen(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                causal=causal, softmax_scale=softmax_scale, block_table=block_table, seqused_k=seqused_k,
+                return_lse=return_lse, backend=backend)
         _check_jax_eager((q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, out), "attention_varlen")
     if cu_seqlens_q is None:
         raise ValueError("cu_seqlens_q is required: int32 (batch + 1,) offsets of each sequence's queries in q")
@@ -912,6 +920,12 @@ def merge_attention_states(outs: Any, lses: Any, *, out: Any = None, return_lse:
         raise ValueError("outs must hold at least one part; got an empty sequence")
     first = outs[0] if isinstance(outs, (list, tuple)) else outs
     adapter = _adapter_for(first, "outs")
+    if adapter.name == "jax" and out is None:
+        from . import jax as waveboost_jax
+
+        if waveboost_jax.merge_ffi_available():
+            # XLA's route: works under jit too.
+            return waveboost_jax.merge_attention_states(outs, lses, return_lse=return_lse)
     if isinstance(outs, (list, tuple)):
         outs = _stack(adapter, outs, "outs")
     if isinstance(lses, (list, tuple)):

@@ -30,9 +30,10 @@ import numpy as np
 from . import _waveboost
 from ._api import BACKENDS, check_flag
 
-__all__ = ["BACKWARD_TARGET_NAME", "KVCACHE_TARGET_NAME", "TARGET_NAME", "attention", "attention_backward",
-           "attention_with_kvcache", "ffi_available", "kvcache_ffi_available", "ring_attention", "shard_sequence",
-           "unshard_sequence"]
+__all__ = ["BACKWARD_TARGET_NAME", "KVCACHE_TARGET_NAME", "MERGE_TARGET_NAME", "TARGET_NAME", "VARLEN_TARGET_NAME",
+           "attention", "attention_backward", "attention_varlen", "attention_with_kvcache", "ffi_available",
+           "kvcache_ffi_available", "merge_attention_states", "merge_ffi_available", "ring_attention",
+           "shard_sequence", "unshard_sequence", "varlen_ffi_available"]
 
 #: The XLA custom-call target the handlers are registered under, for both platforms.
 TARGET_NAME = "waveboost_attention"
@@ -400,6 +401,205 @@ def attention_with_kvcache(
     if append:
         return result + (k_cache, v_cache)
     return result if return_lse else out
+
+
+# ---------------------------------------------------------------------------
+# Serving: variable-length batches (packed, or over a paged cache).
+# ---------------------------------------------------------------------------
+
+#: The custom-call target of the variable-length handlers.
+VARLEN_TARGET_NAME = "waveboost_attention_varlen"
+_VARLEN_SYMBOLS = {"cpu": "waveboost_jax_varlen_cpu", "CUDA": "waveboost_jax_varlen_cuda"}
+
+
+@functools.cache
+def _varlen_platforms() -> tuple[str, ...]:
+    library = ctypes.CDLL(_waveboost.__file__)
+    platforms = []
+    for platform, symbol in _VARLEN_SYMBOLS.items():
+        handler = getattr(library, symbol, None)
+        if handler is not None:
+            jax.ffi.register_ffi_target(VARLEN_TARGET_NAME, jax.ffi.pycapsule(handler), platform=platform)
+            platforms.append(platform)
+    return tuple(platforms)
+
+
+def varlen_ffi_available() -> bool:
+    """Whether this build carries the XLA FFI handlers of ``attention_varlen``."""
+    return "cpu" in _varlen_platforms()
+
+
+@functools.partial(jax.jit, static_argnames=("max_seqlen_q", "max_seqlen_k", "causal", "softmax_scale", "backend",
+                                             "paged", "has_seqused"))
+def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, *, max_seqlen_q, max_seqlen_k, causal,
+                 softmax_scale, backend, paged, has_seqused):
+    total_q, heads, _ = q.shape
+    call = jax.ffi.ffi_call(
+        VARLEN_TARGET_NAME,
+        (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((heads, total_q), jnp.float32)),
+    )
+    return call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q=np.int64(max_seqlen_q),
+                max_seqlen_k=np.int64(max_seqlen_k), causal=np.bool_(causal),
+                softmax_scale=np.float64(softmax_scale), backend=backend, paged=np.bool_(paged),
+                has_seqused=np.bool_(has_seqused))
+
+
+def _host_max_length(cu_seqlens: Any, name: str) -> int:
+    if isinstance(cu_seqlens, jax.core.Tracer):
+        raise ValueError(f"max_seqlen_{name[-1]} is required under jit (it sizes the launch and cannot be read from "
+                         f"the traced {name})")
+    cu = np.asarray(cu_seqlens).astype(np.int64).reshape(-1)
+    return int(np.max(np.diff(cu))) if cu.size > 1 else 0
+
+
+def attention_varlen(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    block_table: Any = None,
+    seqused_k: Any = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """``waveboost.attention_varlen`` for JAX, as an XLA custom call (usable under ``jit``).
+
+    Same arguments and conventions as ``waveboost.attention_varlen`` less ``out=`` and
+    ``validate=``. ``max_seqlen_q``, ``max_seqlen_k``, ``causal``, ``softmax_scale`` and ``backend``
+    are static; under ``jit`` the ``max_seqlen_*`` bounds must be given (outside it, omitted ones are
+    read from the concrete cu_seqlens on the host). Not batched by ``vmap``.
+    """
+    if not _varlen_platforms():
+        _require_ffi(())
+    if "CUDA" not in _varlen_platforms():
+        _require_ffi((q, k, v))
+    qs = jnp.shape(q)
+    if len(qs) != 3:
+        raise ValueError(f"q must be a 3-D array (total_q, heads, head_dim); got shape {qs}")
+    dtype = jnp.result_type(q)
+    if dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"q must have dtype float16, bfloat16, float32 or float64; got {dtype}")
+    for name, x in (("k", k), ("v", v)):
+        if jnp.result_type(x) != dtype:
+            raise TypeError(f"{name} has dtype {jnp.result_type(x)} but q has {dtype}; they must share one dtype")
+    paged = block_table is not None
+    if cu_seqlens_k is None and not paged:
+        raise ValueError("cu_seqlens_k is required without block_table")
+    if paged and cu_seqlens_k is not None:
+        if seqused_k is None:
+            seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+        cu_seqlens_k = None
+    for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k),
+                    ("block_table", block_table)):
+        if x is not None and jnp.result_type(x) != jnp.int32:
+            raise TypeError(f"{name} must have dtype int32; got {jnp.result_type(x)}")
+    if jnp.ndim(cu_seqlens_q) != 1 or jnp.shape(cu_seqlens_q)[0] < 1:
+        raise ValueError(f"cu_seqlens_q must have shape (batch + 1,); got {jnp.shape(cu_seqlens_q)}")
+    batch = jnp.shape(cu_seqlens_q)[0] - 1
+    if cu_seqlens_k is not None and jnp.shape(cu_seqlens_k) != (batch + 1,):
+        raise ValueError(f"cu_seqlens_k must have shape (batch + 1,) = ({batch + 1},); got {jnp.shape(cu_seqlens_k)}")
+    if seqused_k is not None and jnp.shape(seqused_k) != (batch,):
+        raise ValueError(f"seqused_k must have shape (batch,) = ({batch},); got {jnp.shape(seqused_k)}")
+    if paged and (jnp.ndim(block_table) != 2 or jnp.shape(block_table)[0] != batch):
+        raise ValueError(f"block_table must have shape (batch, max_pages) with batch {batch}; "
+                         f"got {jnp.shape(block_table)}")
+    ks = jnp.shape(k)
+    if len(ks) != (4 if paged else 3) or jnp.shape(v) != ks or ks[-1] != qs[2]:
+        layout = "(num_pages, page_size, heads_kv, head_dim)" if paged else "(total_k, heads_kv, head_dim)"
+        raise ValueError(f"k and v must be {layout} with q's head_dim; got {ks} and {jnp.shape(v)}")
+    if paged and ks[1] < 1:
+        raise ValueError(f"page_size must be >= 1; k has shape {ks}")
+    if ks[-2] == 0 or qs[1] % ks[-2] != 0:
+        raise ValueError(f"q's heads ({qs[1]}) must be a multiple of k's heads_kv ({ks[-2]})")
+    if max_seqlen_q is None:
+        max_seqlen_q = _host_max_length(cu_seqlens_q, "cu_seqlens_q")
+    if max_seqlen_k is None:
+        max_seqlen_k = 0 if paged else _host_max_length(cu_seqlens_k, "cu_seqlens_k")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(qs[2])
+    softmax_scale = float(softmax_scale)
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    empty = jnp.zeros((0,), jnp.int32)
+    out, lse = _varlen_call(
+        q, k, v, cu_seqlens_q, empty if cu_seqlens_k is None else cu_seqlens_k,
+        empty if seqused_k is None else seqused_k, block_table if paged else jnp.zeros((0, 0), jnp.int32),
+        max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), causal=bool(causal),
+        softmax_scale=softmax_scale, backend=backend, paged=paged, has_seqused=seqused_k is not None)
+    return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------
+# Serving: merging partial attention states.
+# ---------------------------------------------------------------------------
+
+#: The custom-call target of the merge handlers.
+MERGE_TARGET_NAME = "waveboost_merge_attention_states"
+_MERGE_SYMBOLS = {"cpu": "waveboost_jax_merge_cpu", "CUDA": "waveboost_jax_merge_cuda"}
+
+
+@functools.cache
+def _merge_platforms() -> tuple[str, ...]:
+    library = ctypes.CDLL(_waveboost.__file__)
+    platforms = []
+    for platform, symbol in _MERGE_SYMBOLS.items():
+        handler = getattr(library, symbol, None)
+        if handler is not None:
+            jax.ffi.register_ffi_target(MERGE_TARGET_NAME, jax.ffi.pycapsule(handler), platform=platform)
+            platforms.append(platform)
+    return tuple(platforms)
+
+
+def merge_ffi_available() -> bool:
+    """Whether this build carries the XLA FFI handlers of ``merge_attention_states``."""
+    return "cpu" in _merge_platforms()
+
+
+@jax.jit
+def _merge_call(outs, lses):
+    _, batch, seqlen, heads, _ = outs.shape
+    call = jax.ffi.ffi_call(
+        MERGE_TARGET_NAME,
+        (jax.ShapeDtypeStruct(outs.shape[1:], outs.dtype), jax.ShapeDtypeStruct((batch, heads, seqlen), jnp.float32)),
+    )
+    return call(outs, lses)
+
+
+def merge_attention_states(outs: Any, lses: Any, *, return_lse: bool = True) -> Any:
+    """``waveboost.merge_attention_states`` for JAX, as an XLA custom call (usable under ``jit``).
+
+    ``outs`` (num_parts, batch, seqlen, heads, head_dim) or a sequence of (batch, seqlen, heads,
+    head_dim) arrays; ``lses`` float32 (num_parts, batch, heads, seqlen) or a sequence of
+    (batch, heads, seqlen). The merged output has outs' dtype.
+    """
+    if not _merge_platforms():
+        _require_ffi(())
+    if isinstance(outs, (list, tuple)):
+        if not outs:
+            raise ValueError("outs must hold at least one part; got an empty sequence")
+        outs = jnp.stack(outs)
+    if isinstance(lses, (list, tuple)):
+        lses = jnp.stack(lses)
+    if "CUDA" not in _merge_platforms():
+        _require_ffi((outs, lses))
+    os_, ls = jnp.shape(outs), jnp.shape(lses)
+    if len(os_) != 5:
+        raise ValueError(f"outs must be (num_parts, batch, seqlen, heads, head_dim); got shape {os_}")
+    if jnp.result_type(outs) not in _SUPPORTED_DTYPES:
+        raise TypeError(f"outs must have dtype float16, bfloat16, float32 or float64; got {jnp.result_type(outs)}")
+    if jnp.result_type(lses) != jnp.float32:
+        raise TypeError(f"lses must have dtype float32; got {jnp.result_type(lses)}")
+    if ls != (os_[0], os_[1], os_[3], os_[2]):
+        raise ValueError(f"lses must have shape (num_parts, batch, heads, seqlen) = {(os_[0], os_[1], os_[3], os_[2])}; "
+                         f"got {ls}")
+    out, lse = _merge_call(outs, lses)
+    return (out, lse) if return_lse else out
 
 
 # Context parallelism inside jax.shard_map (python/waveboost/_jax_ring.py).

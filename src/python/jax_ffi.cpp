@@ -41,6 +41,14 @@ WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_attention_backward_cpu(XLA_FFI
 WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_attention_backward_cuda(XLA_FFI_CallFrame* call_frame);
 #endif
 WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_kvcache_cpu(XLA_FFI_CallFrame* call_frame);
+WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_varlen_cpu(XLA_FFI_CallFrame* call_frame);
+WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_merge_cpu(XLA_FFI_CallFrame* call_frame);
+#ifdef WAVEBOOST_WITH_CUDA
+WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_merge_cuda(XLA_FFI_CallFrame* call_frame);
+#endif
+#ifdef WAVEBOOST_WITH_CUDA
+WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_varlen_cuda(XLA_FFI_CallFrame* call_frame);
+#endif
 #ifdef WAVEBOOST_WITH_CUDA
 WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_kvcache_cuda(XLA_FFI_CallFrame* call_frame);
 #endif
@@ -482,4 +490,199 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_kvcache_cpu, kvcache_cpu, ffi::Ffi::
 XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_kvcache_cuda, kvcache_cuda,
                               ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>()
                                   WAVEBOOST_KVCACHE_BINDING);
+#endif
+
+// ---------------------------------------------------------------------------
+// Variable-length batches: q/out packed (total_q, heads, head_dim); k/v packed (total_k, heads_kv,
+// head_dim) with cu_seqlens_k, or a paged cache (num_pages, page_size, heads_kv, head_dim) with
+// block_table. Unused index operands are empty arrays, flagged off by the attributes.
+// ---------------------------------------------------------------------------
+namespace {
+
+ffi::Error varlen(DeviceType device_type, int device_id, void* stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                  ffi::AnyBuffer v, ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k, ffi::AnyBuffer seqused_k,
+                  ffi::AnyBuffer block_table, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                  int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal, double softmax_scale,
+                  std::string_view backend_name, bool paged, bool has_seqused) {
+  Backend backend;
+  if (!waveboost::parse_backend(std::string(backend_name), &backend))
+    return ffi::Error::InvalidArgument("unknown backend '" + std::string(backend_name) + "'");
+  const std::optional<DType> dtype = to_dtype(q.element_type());
+  if (!dtype) return ffi::Error::InvalidArgument("q must have dtype float16, bfloat16, float32 or float64");
+  if (k.element_type() != q.element_type() || v.element_type() != q.element_type())
+    return ffi::Error::InvalidArgument("k and v must have q's dtype");
+  for (auto [buf, name] : {std::pair{&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"},
+                           {&seqused_k, "seqused_k"}, {&block_table, "block_table"}})
+    if (buf->element_type() != ffi::DataType::S32) return ffi::Error::InvalidArgument(std::string(name) + " must be int32");
+  const auto qd = q.dimensions(), kd = k.dimensions(), td = block_table.dimensions();
+  const size_t k_rank = paged ? 4 : 3;
+  if (qd.size() != 3 || kd.size() != k_rank || !(v.dimensions() == kd) || td.size() != 2 ||
+      cu_seqlens_q.dimensions().size() != 1 || cu_seqlens_q.element_count() < 1)
+    return ffi::Error::InvalidArgument("q must be (total_q, heads, head_dim), k and v " +
+                                       std::string(paged ? "(num_pages, page_size, heads_kv, head_dim)"
+                                                         : "(total_k, heads_kv, head_dim)") +
+                                       ", cu_seqlens_q (batch + 1,); got q " + dims_str(qd) + ", k " + dims_str(kd));
+  const int64_t batch = static_cast<int64_t>(cu_seqlens_q.element_count()) - 1;
+  const int64_t heads = qd[1], head_dim = qd[2], heads_kv = kd[k_rank - 2];
+  if (kd[k_rank - 1] != head_dim || (!paged && cu_seqlens_k.element_count() != static_cast<size_t>(batch + 1)) ||
+      (has_seqused && seqused_k.element_count() != static_cast<size_t>(batch)) || (paged && td[0] != batch))
+    return ffi::Error::InvalidArgument("inconsistent shapes: q " + dims_str(qd) + ", k " + dims_str(kd) +
+                                       ", block_table " + dims_str(td) + " for a batch of " + std::to_string(batch));
+
+  // Host memory costs nothing to read: the packed extents are checked here (the cpu backend checks
+  // the rest of the indices it follows).
+  if (device_type == DeviceType::kCPU) {
+    const int32_t* cq = static_cast<const int32_t*>(cu_seqlens_q.untyped_data());
+    const int32_t* ck = static_cast<const int32_t*>(cu_seqlens_k.untyped_data());
+    if (cq[0] < 0 || cq[batch] > qd[0])
+      return ffi::Error::InvalidArgument("cu_seqlens_q must lie in [0, " + std::to_string(qd[0]) + "] (the packed rows)");
+    if (!paged && (ck[0] < 0 || ck[batch] > kd[0]))
+      return ffi::Error::InvalidArgument("cu_seqlens_k must lie in [0, " + std::to_string(kd[0]) + "] (the packed rows)");
+  }
+
+  AttentionParams p;
+  p.q = q.untyped_data();
+  p.k = k.untyped_data();
+  p.v = v.untyped_data();
+  p.out = out->untyped_data();
+  p.lse = static_cast<float*>(lse->untyped_data());
+  p.q_head_stride = p.o_head_stride = head_dim;
+  p.q_row_stride = p.o_row_stride = heads * head_dim;
+  p.k_head_stride = p.v_head_stride = head_dim;
+  p.k_row_stride = p.v_row_stride = heads_kv * head_dim;
+  p.lse_head_stride = qd[0];
+  p.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q.untyped_data());
+  p.seqused_k = has_seqused ? static_cast<const int32_t*>(seqused_k.untyped_data()) : nullptr;
+  if (paged) {
+    p.k_batch_stride = p.v_batch_stride = kd[1] * p.k_row_stride;
+    p.block_table = static_cast<const int32_t*>(block_table.untyped_data());
+    p.block_table_batch_stride = td[1];
+    p.page_size = kd[1];
+    p.num_pages = kd[0];
+    p.seqlen_k = td[1] * kd[1];
+  } else {
+    p.cu_seqlens_k = static_cast<const int32_t*>(cu_seqlens_k.untyped_data());
+    p.seqlen_k = max_seqlen_k;
+  }
+  p.batch = batch, p.seqlen_q = max_seqlen_q;
+  p.heads = heads, p.heads_kv = heads_kv, p.head_dim = head_dim;
+  p.softmax_scale = softmax_scale;
+  p.is_causal = causal;
+  p.dtype = *dtype;
+  p.device_type = device_type;
+  p.device_id = device_id;
+  return to_ffi_error(waveboost::attention_forward(p, backend, stream));
+}
+
+ffi::Error varlen_cpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer cu_seqlens_q,
+                      ffi::AnyBuffer cu_seqlens_k, ffi::AnyBuffer seqused_k, ffi::AnyBuffer block_table,
+                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, int64_t max_seqlen_q,
+                      int64_t max_seqlen_k, bool causal, double softmax_scale, std::string_view backend, bool paged,
+                      bool has_seqused) {
+  return varlen(DeviceType::kCPU, 0, nullptr, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, out, lse,
+                max_seqlen_q, max_seqlen_k, causal, softmax_scale, backend, paged, has_seqused);
+}
+
+#ifdef WAVEBOOST_WITH_CUDA
+ffi::Error varlen_cuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                       ffi::AnyBuffer v, ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
+                       ffi::AnyBuffer seqused_k, ffi::AnyBuffer block_table, ffi::Result<ffi::AnyBuffer> out,
+                       ffi::Result<ffi::AnyBuffer> lse, int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
+                       double softmax_scale, std::string_view backend, bool paged, bool has_seqused) {
+  return varlen(DeviceType::kCUDA, device_ordinal, stream, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                block_table, out, lse, max_seqlen_q, max_seqlen_k, causal, softmax_scale, backend, paged, has_seqused);
+}
+#endif
+
+}  // namespace
+
+#define WAVEBOOST_VARLEN_BINDING                                                       \
+  .Arg<ffi::AnyBuffer>()     /* q */                                                   \
+      .Arg<ffi::AnyBuffer>() /* k */                                                   \
+      .Arg<ffi::AnyBuffer>() /* v */                                                   \
+      .Arg<ffi::AnyBuffer>() /* cu_seqlens_q */                                        \
+      .Arg<ffi::AnyBuffer>() /* cu_seqlens_k ((0,) when paged) */                      \
+      .Arg<ffi::AnyBuffer>() /* seqused_k ((0,) unless has_seqused) */                 \
+      .Arg<ffi::AnyBuffer>() /* block_table ((0, 0) unless paged) */                   \
+      .Ret<ffi::AnyBuffer>() /* out */                                                 \
+      .Ret<ffi::AnyBuffer>() /* lse (heads, total_q) */                                \
+      .Attr<int64_t>("max_seqlen_q")                                                   \
+      .Attr<int64_t>("max_seqlen_k")                                                   \
+      .Attr<bool>("causal")                                                            \
+      .Attr<double>("softmax_scale")                                                   \
+      .Attr<std::string_view>("backend")                                               \
+      .Attr<bool>("paged")                                                             \
+      .Attr<bool>("has_seqused")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_varlen_cpu, varlen_cpu, ffi::Ffi::Bind() WAVEBOOST_VARLEN_BINDING);
+#ifdef WAVEBOOST_WITH_CUDA
+XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_varlen_cuda, varlen_cuda,
+                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>()
+                                  WAVEBOOST_VARLEN_BINDING);
+#endif
+
+// ---------------------------------------------------------------------------
+// Merging partial attention states: outs (num_parts, batch, seqlen, heads, head_dim), lses float32
+// (num_parts, batch, heads, seqlen) -> out (batch, seqlen, heads, head_dim) in outs' dtype, lse.
+// ---------------------------------------------------------------------------
+namespace {
+
+ffi::Error merge(DeviceType device_type, int device_id, void* stream, ffi::AnyBuffer outs, ffi::AnyBuffer lses,
+                 ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
+  const std::optional<DType> dtype = to_dtype(outs.element_type());
+  if (!dtype) return ffi::Error::InvalidArgument("outs must have dtype float16, bfloat16, float32 or float64");
+  if (lses.element_type() != ffi::DataType::F32) return ffi::Error::InvalidArgument("lses must be float32");
+  const auto od = outs.dimensions(), ld = lses.dimensions();
+  if (od.size() != 5 || ld.size() != 4 || ld[0] != od[0] || ld[1] != od[1] || ld[2] != od[3] || ld[3] != od[2])
+    return ffi::Error::InvalidArgument("outs must be (num_parts, batch, seqlen, heads, head_dim) and lses "
+                                       "(num_parts, batch, heads, seqlen); got " + dims_str(od) + " and " + dims_str(ld));
+  const int64_t parts = od[0], batch = od[1], seqlen = od[2], heads = od[3], head_dim = od[4];
+  waveboost::MergeStatesParams m;
+  m.outs = outs.untyped_data();
+  m.outs_dtype = *dtype;
+  m.outs_head_stride = head_dim, m.outs_row_stride = heads * head_dim, m.outs_batch_stride = seqlen * heads * head_dim;
+  m.outs_part_stride = batch * m.outs_batch_stride;
+  m.lses = static_cast<const float*>(lses.untyped_data());
+  m.lses_row_stride = 1, m.lses_head_stride = seqlen, m.lses_batch_stride = heads * seqlen;
+  m.lses_part_stride = batch * heads * seqlen;
+  m.out = out->untyped_data();
+  m.dtype = *dtype;
+  m.o_head_stride = head_dim, m.o_row_stride = heads * head_dim, m.o_batch_stride = seqlen * heads * head_dim;
+  m.lse = static_cast<float*>(lse->untyped_data());
+  m.lse_head_stride = seqlen, m.lse_batch_stride = heads * seqlen;
+  m.num_parts = parts, m.batch = batch, m.seqlen = seqlen, m.heads = heads, m.head_dim = head_dim;
+  m.device_type = device_type;
+  m.device_id = device_id;
+  return to_ffi_error(waveboost::merge_attention_states(m, stream));
+}
+
+ffi::Error merge_cpu(ffi::AnyBuffer outs, ffi::AnyBuffer lses, ffi::Result<ffi::AnyBuffer> out,
+                     ffi::Result<ffi::AnyBuffer> lse) {
+  return merge(DeviceType::kCPU, 0, nullptr, outs, lses, out, lse);
+}
+
+#ifdef WAVEBOOST_WITH_CUDA
+ffi::Error merge_cuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuffer outs, ffi::AnyBuffer lses,
+                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
+  return merge(DeviceType::kCUDA, device_ordinal, stream, outs, lses, out, lse);
+}
+#endif
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_merge_cpu, merge_cpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()   // outs
+                                  .Arg<ffi::AnyBuffer>()   // lses
+                                  .Ret<ffi::AnyBuffer>()   // out
+                                  .Ret<ffi::AnyBuffer>());  // lse
+#ifdef WAVEBOOST_WITH_CUDA
+XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_merge_cuda, merge_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()   // outs
+                                  .Arg<ffi::AnyBuffer>()   // lses
+                                  .Ret<ffi::AnyBuffer>()   // out
+                                  .Ret<ffi::AnyBuffer>());  // lse
 #endif
