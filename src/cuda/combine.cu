@@ -20,7 +20,7 @@ Status launch_typed(const CombineParams& p, cudaStream_t stream) {
   if (rows == 0) return Status::Ok();
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   if (blocks > INT32_MAX)
-    return Status::NotSupported("combine: batch * seqlen * heads up to " + std::to_string(int64_t{INT32_MAX} * 16) +
+    return Status::NotSupported("combine: batch * seqlen * heads up to " + std::to_string(int64_t{INT32_MAX} * kRowsPerBlock) +
                                 " rows; got " + std::to_string(rows));
   // 4-element vector accesses: every stride that is applied a multiple of 4, the bases aligned.
   const bool vector = p.head_dim % 4 == 0 && aligned_to(p.parts, 4 * sizeof(PartT)) &&
