@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 from reference import attention_ref  # tests/reference.py: the float64 truth every test uses
-from waveboost.bench import grid, impls, main, measure, report
+from waveboost.bench import cli, grid, impls, main, measure, report
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 TINY = ["--device", "cpu", "--seqlens", "16,33", "--heads", "4", "--kv-heads", "2", "--head-dims", "8",
@@ -237,10 +237,12 @@ def test_default_baseline_does_not_depend_on_what_is_installed(tmp_path):
 
 def test_without_the_baseline_no_speedups_are_made_up(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(TINY + ["--impls", "waveboost_cpu", "--out", str(out), "--no-charts"]) == 0
+    assert main(TINY + ["--impls", "waveboost_cpu", "--out", str(out)]) == 0
     assert "no speedups: the baseline did not run" in capsys.readouterr().out
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert rows and all(r["speedup"] is None for r in rows)
+    if HAS_MATPLOTLIB:
+        assert "speedup.png" not in _files(out) and "dashboard.png" in _files(out)
 
 
 def test_baseline_that_cannot_run_is_an_error(monkeypatch):
@@ -326,3 +328,17 @@ def test_header_states_the_work_of_the_grid(tmp_path, capsys):
                         causal=(False, True))
     gflop = sum(c.flops for c in cases) / 1e9
     assert f"grid: 4 cells, {gflop:.4g} GFLOP per implementation (preset quick)" in capsys.readouterr().out
+
+
+def test_cpu_grid_too_long_for_the_limit_is_refused_with_an_estimate(capsys):
+    with pytest.raises(SystemExit):
+        main(["--device", "cpu", "--preset", "models", "--impls", "waveboost_cpu", "--max-minutes", "0.01"])
+    err = capsys.readouterr().err
+    assert "this grid would take at least ~" in err and "GFLOP/s on this machine" in err and "--max-minutes" in err
+
+
+def test_estimate_grows_with_the_grid():
+    settings = measure.Settings(device="cpu", repeats=20, budget_s=0.2, mem_limit_bytes=1e9)
+    small, rate = cli.estimate_cpu_minutes(grid.expand("quick", "cpu"), 1, settings)
+    large, _ = cli.estimate_cpu_minutes(grid.expand("models", "cpu"), 2, settings)
+    assert rate > 0 and 0 < small < large

@@ -226,3 +226,17 @@ def test_sdpa_compiles_fullgraph_on_the_cpu(rng):
         k = torch.from_numpy(rng.standard_normal((1, 2, lk, 16)).astype(np.float32))
         out = compiled(q, k, k)
         assert max_abs_err(out.numpy(), top_left_ref(q.numpy(), k.numpy(), k.numpy(), True)) < 1e-5
+
+
+def test_flash_attn_func_under_jax_jit(rng):
+    jax = pytest.importorskip("jax", reason="the JAX round needs jax")
+    import waveboost.jax as wj
+
+    if not wj.ffi_available():
+        pytest.skip("this build has no XLA FFI handlers: JAX arrays run eagerly only")
+    q, k, v = random_qkv(rng, 1, 9, 4, 2, 2, 16)
+    fn = jax.jit(lambda q, k, v: waveboost.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)[:2])
+    out, lse = fn(*(jax.numpy.asarray(x) for x in (q, k, v)))
+    ref_out, ref_lse = attention_ref(q, k, v, causal=True)
+    no_key = np.isneginf(ref_lse)
+    assert np.all(np.isposinf(np.asarray(lse)[no_key])) and max_abs_err(np.asarray(out), ref_out) < 1e-5

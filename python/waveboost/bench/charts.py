@@ -174,7 +174,7 @@ def _draw(ax, rs, metric, ylabel, styles, line_mode, errors=False):
 
 
 def write_charts(rows: list[dict], meta: dict, impls: list[dict], out_dir: str) -> list[str]:
-    """Writes the five PNGs; returns their paths."""
+    """Writes the five PNGs (four without a baseline: no speedup chart); returns their paths."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -191,6 +191,8 @@ def write_charts(rows: list[dict], meta: dict, impls: list[dict], out_dir: str) 
     paths = []
 
     for chart, (metric, ylabel, heading) in _metrics(device, baseline).items():
+        if chart == "speedup" and not baseline:  # no baseline ran: no speedups to draw
+            continue
         ncols = min(len(panels), 4) or 1
         nrows = max(1, math.ceil(len(panels) / ncols))
         width = max(9.0, 4.6 * ncols if line_mode else 0.25 * len(ok) + 3)
@@ -258,7 +260,8 @@ def _dashboard(plt, ok, rows, meta, styles, groups, line_mode, note, out_dir) ->
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.invert_yaxis()
     ax.axvline(1.0, color="gray", linewidth=1)
-    ax.set_xlabel(f"speedup vs {baseline} (×), geometric mean over cells; whiskers: min..max")
+    ax.set_xlabel(f"speedup vs {baseline} (×), geometric mean over cells; whiskers: min..max" if baseline
+                  else "no speedups: the baseline did not run (--baseline)")
     ax.set_title(f"All {len({tuple(r[k] for k in _PANEL_KEYS + ('seqlen', 'batch')) for r in rows})} cells", fontsize=9)
     _log_if_wide(ax, [v for n in names for v in speedups[n]], axis="x")
     ax.grid(True, axis="x", alpha=0.3)

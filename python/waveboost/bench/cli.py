@@ -20,6 +20,7 @@ DEFAULTS = {  # per device: max timed calls, time budget per cell and implementa
 # Fixed per device, never picked by what happens to be installed: a speedup always says against what.
 DEFAULT_BASELINE = {"cpu": "numpy", "cuda": "sdpa_flash"}
 DEFAULT_SPREAD = 0.10
+DEFAULT_MAX_MINUTES = 15.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spread-threshold", type=float, default=DEFAULT_SPREAD,
                    help="IQR / median of a cell's timed calls above which it is re-timed once and, still above, "
                         "marked ~ unstable (default: 0.10)")
+    p.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES,
+                   help="CPU runs: refuse a grid estimated to take longer, saying how long (default: 15; 0: no limit)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     p.add_argument("--out", help="output folder (default: bench-results/<device>-<YYYYMMDD-HHMM>)")
     p.add_argument("--no-charts", action="store_true", help="write no PNG charts")
@@ -101,6 +104,26 @@ def progress_bar(total: int, use_rich: bool):
     yield advance
 
 
+def estimate_cpu_minutes(cases: list, n_impls: int, settings: measure.Settings) -> tuple[float, float]:
+    """(a lower bound of the run's minutes, the GFLOP/s it assumes): every implementation at the
+    speed of waveboost's CPU path, measured here on a small probe, for the calls a cell makes."""
+    import numpy as np
+
+    wb = impls.module("waveboost")
+    probe = grid.Case(1, 512, 8, 8, 64, "float32", False)
+    q = np.random.default_rng(0).standard_normal((1, 512, 8, 64)).astype(np.float32)
+    wb.attention(q, q, q)
+    start = time.perf_counter()
+    wb.attention(q, q, q)
+    rate = probe.flops / max(time.perf_counter() - start, 1e-9)
+    seconds = 0.0
+    for case in cases:
+        call = case.flops / rate
+        timed = max(measure.MIN_REPS * call, min(settings.budget_s, settings.repeats * call))
+        seconds += (measure.WARMUP_CALLS + 2) * call + timed  # warm-up, the checked call, the memory call
+    return seconds * n_impls / 60, rate / 1e9
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns 1 when a waveboost implementation is WRONG or errors, else 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -147,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
                                 budget_s=(args.budget_ms or d["budget_ms"]) / 1e3,
                                 mem_limit_bytes=(args.mem_limit_gb or d["mem_limit_gb"]) * 1e9, seed=args.seed,
                                 spread_threshold=args.spread_threshold)
+    if device == "cpu" and args.max_minutes > 0 and runnable:
+        minutes, rate = estimate_cpu_minutes(cases, len(runnable), settings)
+        if minutes > args.max_minutes:
+            parser.error(f"this grid would take at least ~{minutes:.0f} minutes here ({len(cases)} cells x "
+                         f"{len(runnable)} implementations, each assumed as fast as waveboost's CPU path, which runs "
+                         f"~{rate:.0f} GFLOP/s on this machine). Shrink it (--seqlens, --batch, --heads, --impls) "
+                         f"or raise --max-minutes (0: no limit)")
     env = report.environment(device)
     stamp = datetime.now().astimezone()
     out_dir = args.out or os.path.join("bench-results", f"{report.slug(env['name'])}-{stamp:%Y%m%d-%H%M}")
