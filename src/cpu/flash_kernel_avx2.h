@@ -17,35 +17,112 @@ using Avx2Config = KernelConfig<T, 32 / sizeof(T), 6, 2>;
 #if defined(__x86_64__) || defined(__i386__)
 #define WAVEBOOST_CPU_AVX2 __attribute__((target("avx2,fma"), noinline))
 
+// Requests for the next tile's K and V rows, handed out a few at a time
+// between micro-tiles: issued all at once, 2048 lines (128 keys x 512 B, K and
+// V) would queue behind the L1's couple of dozen miss buffers.
+struct PrefetchQueue {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  int64_t k_stride = 0, v_stride = 0;  // bytes
+  int64_t lines_per_row = 0;
+  int64_t total = 0;  // rows * lines_per_row * 2
+  int64_t next = 0;
+
+  WAVEBOOST_CPU_INLINE void issue(int count) {
+    for (int c = 0; c < count && next < total; ++c, ++next) {
+      const int64_t line = next >> 1;
+      const int64_t row = line / lines_per_row;
+      const int64_t offset = (line - row * lines_per_row) * 64;
+      __builtin_prefetch((next & 1) ? v + row * v_stride + offset : k + row * k_stride + offset, 0, 2);
+    }
+  }
+};
+
 template <class C>
 struct Avx2TileSteps {
   using T = typename C::Element;
+  static constexpr int kPrefetchPerMicroTile = 16;
+
+  static PrefetchQueue& queue() {
+    thread_local PrefetchQueue q;
+    return q;
+  }
+
   // K and V rows of a head sit one row stride apart (4 KiB for 8 heads x 128 x fp32), each in
-  // its own page, where the hardware prefetchers do not follow them; the next tile's rows are
-  // requested into L2 while this tile computes.
+  // its own page, where the hardware prefetchers do not follow them: the next tile's rows are
+  // requested while this tile computes.
   static WAVEBOOST_CPU_AVX2 void prefetch_next(const T* k_next, int64_t k_stride, const T* v_next, int64_t v_stride,
                                                int64_t rows, int64_t head_dim) {
-    const int64_t bytes = head_dim * static_cast<int64_t>(sizeof(T));
-    for (int64_t j = 0; j < rows; ++j) {
-      const char* k_row = reinterpret_cast<const char*>(k_next + j * k_stride);
-      const char* v_row = reinterpret_cast<const char*>(v_next + j * v_stride);
-      for (int64_t b = 0; b < bytes; b += 64) {
-        __builtin_prefetch(k_row + b, 0, 2);
-        __builtin_prefetch(v_row + b, 0, 2);
-      }
-    }
+    PrefetchQueue& q = queue();
+    q.k = reinterpret_cast<const char*>(k_next);
+    q.v = reinterpret_cast<const char*>(v_next);
+    q.k_stride = k_stride * static_cast<int64_t>(sizeof(T));
+    q.v_stride = v_stride * static_cast<int64_t>(sizeof(T));
+    q.lines_per_row = (head_dim * static_cast<int64_t>(sizeof(T)) + 63) / 64;
+    q.total = rows * q.lines_per_row * 2;
+    q.next = 0;
   }
+
+  // S^T = K Q^T (scores_tile), query columns outer: one 16-query column of Q^T
+  // stays in L1 while the rows of K stream past it.
   static WAVEBOOST_CPU_AVX2 void scores(const T* k, int64_t k_row_stride, int64_t cols, const T* q_t,
                                         int64_t rows_padded, int64_t head_dim, T* s) {
-    scores_tile<C>(k, k_row_stride, cols, q_t, rows_padded, head_dim, s);
+    PrefetchQueue& q = queue();
+    constexpr int64_t kWide = C::kTileVecs * C::kLanes;
+    for (int64_t i = 0; i < rows_padded;) {
+      const bool wide = i + kWide <= rows_padded;
+      for (int64_t j = 0; j < cols;) {
+        const int64_t keys = std::min<int64_t>(C::kTileRows, cols - j);
+        const T* k_j = k + j * k_row_stride;
+        T* s_ji = s + j * rows_padded + i;
+        if (keys == C::kTileRows && wide)
+          scores_microtile<C, C::kTileRows, C::kTileVecs>(k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji,
+                                                          rows_padded);
+        else if (keys == C::kTileRows)
+          scores_microtile<C, C::kTileRows, 1>(k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji, rows_padded);
+        else if (wide)
+          scores_leftover<C, C::kTileVecs>(keys, k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji,
+                                           rows_padded);
+        else
+          scores_leftover<C, 1>(keys, k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji, rows_padded);
+        q.issue(kPrefetchPerMicroTile);
+        j += keys;
+      }
+      i += wide ? kWide : C::kLanes;
+    }
   }
+
   static WAVEBOOST_CPU_AVX2 void softmax(int64_t cols, int64_t rows_padded, const T* key_limit, bool apply_mask, T* s,
                                          T* m, T* l, T* alpha) {
     online_softmax_tile<C>(cols, rows_padded, key_limit, apply_mask, s, m, l, alpha);
   }
+
+  // O = diag(alpha) O + P V (accumulate_pv).
   static WAVEBOOST_CPU_AVX2 void pv(const T* p_t, const T* v, int64_t cols, const T* alpha, int64_t rows_padded,
                                     int64_t dim_padded, T* o) {
-    accumulate_pv<C>(p_t, v, cols, alpha, rows_padded, dim_padded, o);
+    PrefetchQueue& q = queue();
+    constexpr int64_t kWide = C::kTileVecs * C::kLanes;
+    for (int64_t d = 0; d < dim_padded;) {
+      const bool wide = d + kWide <= dim_padded;
+      for (int64_t i = 0; i < rows_padded;) {
+        const int64_t rows = std::min<int64_t>(C::kTileRows, rows_padded - i);
+        const T* p_i = p_t + i;
+        T* o_id = o + i * dim_padded + d;
+        if (rows == C::kTileRows && wide)
+          pv_microtile<C, C::kTileRows, C::kTileVecs>(p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id,
+                                                      dim_padded);
+        else if (rows == C::kTileRows)
+          pv_microtile<C, C::kTileRows, 1>(p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id, dim_padded);
+        else if (wide)
+          pv_leftover<C, C::kTileVecs>(rows, p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id,
+                                       dim_padded);
+        else
+          pv_leftover<C, 1>(rows, p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id, dim_padded);
+        q.issue(kPrefetchPerMicroTile);
+        i += rows;
+      }
+      d += wide ? kWide : C::kLanes;
+    }
   }
 };
 
