@@ -27,6 +27,7 @@
 // operand with k along rows, dS^T as the A operand of dS K) use ldmatrix .trans.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -626,9 +627,8 @@ Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, c
                                           stream));
   }
   if (rows > 0) {
-    const int64_t blocks = (rows + 7) / 8;
-    flash_bwd::preprocess_kernel<Element>
-        <<<static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid), 256, 0, stream>>>(p, ws);
+    const auto grid = static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, kMaxGrid));
+    flash_bwd::preprocess_kernel<Element><<<grid, 256, 0, stream>>>(p, ws);
     WAVEBOOST_CUDA_RETURN(cudaGetLastError());
   }
   if (p.seqlen_k > 0) {
@@ -638,9 +638,8 @@ Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, c
   }
   const int64_t chunks = p.batch * p.heads * p.seqlen_q * (kHeadDim / 8);
   if (chunks > 0) {
-    const int64_t blocks = (chunks + 255) / 256;
-    flash_bwd::convert_dq_kernel<Element>
-        <<<static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid), 256, 0, stream>>>(p, ws.dq_accum, ws.m_pad);
+    const auto grid = static_cast<unsigned>(std::min<int64_t>((chunks + 255) / 256, kMaxGrid));
+    flash_bwd::convert_dq_kernel<Element><<<grid, 256, 0, stream>>>(p, ws.dq_accum, ws.m_pad);
     WAVEBOOST_CUDA_RETURN(cudaGetLastError());
   }
   return Status::Ok();
