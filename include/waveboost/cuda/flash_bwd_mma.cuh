@@ -40,6 +40,7 @@ namespace waveboost::cuda {
 /// \brief Compile-time choices of the mma.sync backward.
 /// \tparam Element_  __half or __nv_bfloat16; accumulation is fp32.
 /// \tparam kHeadDim_ 64 or 128.
+/// \tparam kWarps_   4 or 8 (kFlashBwdMmaWarps picks per head dim): 16 keys per warp.
 template <typename Element_, int kHeadDim_, int kWarps_>
 struct FlashBwdMmaTraits {
   using Element = Element_;
