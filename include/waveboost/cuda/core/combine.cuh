@@ -50,8 +50,8 @@ namespace combine_detail {
 constexpr int kThreads = 256;
 // Threads per output row: a warp, 4 elements per lane, covers head dim 128 in one pass.
 constexpr int kGroup = 32;
-// Parts whose O rows are loaded together before any is used: a row's combine is a chain of
-// dependent memory round trips otherwise (33 parts x 2 passes took ~25 us on an H100).
+// Parts whose LSEs, then whose O rows, are loaded together before any is used: a row's combine is
+// a chain of dependent memory round trips otherwise (33 parts x 2 passes took ~25 us on an H100).
 constexpr int kPartsInFlight = 8;
 constexpr int kRowsPerBlock = kThreads / kGroup;
 
@@ -182,44 +182,33 @@ __global__ void __launch_bounds__(combine_detail::kThreads) combine_kernel(const
   OutT* out = static_cast<OutT*>(p.out) + (p.cu_seqlens != nullptr ? 0 : b * p.o_batch_stride) +
               packed * p.o_row_stride + h * p.o_head_stride;
   const int64_t d4 = p.head_dim / 4 * 4;
-  // Every lane runs every pass (the shuffles need the whole warp); lanes past head_dim idle.
-  for (int64_t d0 = 0; d0 < d4; d0 += 4 * kGroup) {
-    const int64_t d = d0 + 4 * lane;
-    const bool active = d < d4;
+  for (int64_t d = 4 * lane; d < d4; d += 4 * kGroup) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     if (nan) {
       acc = make_float4(NAN, NAN, NAN, NAN);
     } else if (max_lse != -INFINITY) {
-      // Weights 32 parts at a time, one per lane (its LSE is in L1 from above), then broadcast:
-      // the O loads of a chunk depend on nothing but the shuffles.
-      for (int64_t c0 = 0; c0 < p.num_parts; c0 += kGroup) {
-        const float my_w =
-            c0 + lane < p.num_parts ? expf(lses[(c0 + lane) * p.lse_part_stride] - max_lse) * inv_total : 0.f;
-        const int64_t chunk = p.num_parts - c0 < kGroup ? p.num_parts - c0 : kGroup;
-        for (int u0 = 0; u0 < chunk; u0 += kPartsInFlight) {
-          float w[kPartsInFlight];
-          float4 o[kPartsInFlight];
+      for (int64_t s0 = 0; s0 < p.num_parts; s0 += kPartsInFlight) {
+        float w[kPartsInFlight];
+        float4 o[kPartsInFlight];
 #pragma unroll
-          for (int u = 0; u < kPartsInFlight; ++u) w[u] = __shfl_sync(0xffffffffu, my_w, (u0 + u) % kGroup);
-          // A part that saw no key (or is negligible) is not read: its O may hold anything.
+        for (int u = 0; u < kPartsInFlight; ++u) {
+          const int64_t s = s0 + u;
+          w[u] = s < p.num_parts ? expf(lses[s * p.lse_part_stride] - max_lse) * inv_total : 0.f;
+        }
+        // A part that saw no key (or is negligible) is not read: its O may hold anything.
 #pragma unroll
-          for (int u = 0; u < kPartsInFlight; ++u) {
-            const bool use = active && u0 + u < chunk && w[u] != 0.f;
-            o[u] = use ? load4<PartT, kVector>(parts + (c0 + u0 + u) * p.part_stride + d)
-                       : make_float4(0.f, 0.f, 0.f, 0.f);
-            if (!use) w[u] = 0.f;
-          }
+        for (int u = 0; u < kPartsInFlight; ++u)
+          o[u] = w[u] != 0.f ? load4<PartT, kVector>(parts + (s0 + u) * p.part_stride + d) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-          for (int u = 0; u < kPartsInFlight; ++u) {
-            acc.x += w[u] * o[u].x;
-            acc.y += w[u] * o[u].y;
-            acc.z += w[u] * o[u].z;
-            acc.w += w[u] * o[u].w;
-          }
+        for (int u = 0; u < kPartsInFlight; ++u) {
+          acc.x += w[u] * o[u].x;
+          acc.y += w[u] * o[u].y;
+          acc.z += w[u] * o[u].z;
+          acc.w += w[u] * o[u].w;
         }
       }
     }
-    if (active) store4<OutT, kVector>(out + d, acc);
+    store4<OutT, kVector>(out + d, acc);
   }
   for (int64_t d = d4 + lane; d < p.head_dim; d += kGroup) {  // a head_dim tail (not a multiple of 4)
     float acc = nan ? NAN : 0.f;
