@@ -21,19 +21,24 @@ using Avx2Config = KernelConfig<T, 32 / sizeof(T), 6, 2>;
 // between micro-tiles: issued all at once, 2048 lines (128 keys x 512 B, K and
 // V) would queue behind the L1's couple of dozen miss buffers.
 struct PrefetchQueue {
-  const char* k = nullptr;
+  const char* k = nullptr;  // the current row of K and of V
   const char* v = nullptr;
   int64_t k_stride = 0, v_stride = 0;  // bytes
-  int64_t lines_per_row = 0;
-  int64_t total = 0;  // rows * lines_per_row * 2
-  int64_t next = 0;
+  int64_t row_bytes = 0;
+  int64_t rows_left = 0;
+  int64_t offset = 0;  // next line of the current rows, in bytes
 
-  WAVEBOOST_CPU_INLINE void issue(int count) {
-    for (int c = 0; c < count && next < total; ++c, ++next) {
-      const int64_t line = next >> 1;
-      const int64_t row = line / lines_per_row;
-      const int64_t offset = (line - row * lines_per_row) * 64;
-      __builtin_prefetch((next & 1) ? v + row * v_stride + offset : k + row * k_stride + offset, 0, 2);
+  WAVEBOOST_CPU_INLINE void issue(int lines) {
+    for (int c = 0; c < lines && rows_left > 0; c += 2) {
+      __builtin_prefetch(k + offset, 0, 2);
+      __builtin_prefetch(v + offset, 0, 2);
+      offset += 64;
+      if (offset >= row_bytes) {
+        offset = 0;
+        k += k_stride;
+        v += v_stride;
+        --rows_left;
+      }
     }
   }
 };
@@ -58,9 +63,9 @@ struct Avx2TileSteps {
     q.v = reinterpret_cast<const char*>(v_next);
     q.k_stride = k_stride * static_cast<int64_t>(sizeof(T));
     q.v_stride = v_stride * static_cast<int64_t>(sizeof(T));
-    q.lines_per_row = (head_dim * static_cast<int64_t>(sizeof(T)) + 63) / 64;
-    q.total = rows * q.lines_per_row * 2;
-    q.next = 0;
+    q.row_bytes = head_dim * static_cast<int64_t>(sizeof(T));
+    q.rows_left = rows;
+    q.offset = 0;
   }
 
   // S^T = K Q^T (scores_tile), query columns outer: one 16-query column of Q^T
