@@ -57,9 +57,10 @@
 // by softmax_scale * log2(e) once, and is split per use (kHeadDim / 2 splits per warp and
 // tile; a hi/lo copy would save ~8% of the loop's instructions for 2x Q's shared-memory reads).
 //
-// Pipeline, masking, causal skipping, grid order and LSE are the 16-bit path's
-// (flash_mma.cuh): one K and one V buffer, V(j) in flight during S(j), K(j-1) during P V(j),
-// key tiles last to first with a masked loop body only for tail / diagonal tiles.
+// The pipeline is the 16-bit path's (flash_mma.cuh): one K and one V buffer, V(j) in flight
+// during S(j), K(j-1) during P V(j), key tiles last to first with a masked loop body only for
+// tail / diagonal tiles. Block locator, mask, online softmax and LSE are the shared ones
+// (core/sequence.cuh, core/mask.cuh, core/softmax.cuh, core/epilogue.cuh).
 #pragma once
 
 #include <cstdint>

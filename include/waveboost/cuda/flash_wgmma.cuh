@@ -3,7 +3,7 @@
 // FlashAttention-3's forward without its producer warp: one block owns kBlockM = 128 query
 // rows of one (batch, head) and runs two warpgroups of 64 rows each (wgmma's M). Every
 // warpgroup walks the key tiles the block can see, last to first, with the online softmax
-// of the mma path (flash_mma.cuh):
+// of core/softmax.cuh, shared with the mma path:
 //
 //   S = Q K^T        wgmma m64n128k16, Q and K from shared memory (both K-major)
 //   softmax          on S's accumulators in registers, exp2 with scale * log2(e) folded
