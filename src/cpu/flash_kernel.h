@@ -383,14 +383,14 @@ WAVEBOOST_CPU_INLINE void online_softmax_tile(int64_t cols, int64_t rows_padded,
 
 // The per-tile steps of attention_query_block. By default they are inlined into
 // it; a configuration may specialize this class to compile them as functions
-// of their own (cpu_attention.cpp does for AVX2, where inlining everything into
+// of their own (flash_kernel_avx2.h does for AVX2, where inlining everything into
 // one function made GCC spill a micro-tile accumulator inside the P V loop)
 // or to add work such as prefetching the next tile.
 template <class C>
 struct TileSteps {
   using T = typename C::Element;
-  // Called once per tile before scores(), with the rows of the next tile (nullptr at the last
-  // tile, or when they are not at a fixed stride).
+  // Called once per tile before scores(), with the rows of the next tile (0 rows and nullptr
+  // at the last tile, or when they are not at a fixed stride: a paged cache).
   static WAVEBOOST_CPU_INLINE void prefetch_next(const T* /*k_next*/, int64_t /*k_stride*/, const T* /*v_next*/,
                                                  int64_t /*v_stride*/, int64_t /*rows*/, int64_t /*head_dim*/) {}
   static WAVEBOOST_CPU_INLINE void scores(const T* k, int64_t k_row_stride, int64_t cols, const T* q_t,
@@ -487,10 +487,10 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
     }
 
     const int64_t next_begin = key_begin + C::kBlockN;
-    if (!paged && next_begin < key_end)
-      TileSteps<C>::prefetch_next(k + next_begin * params.k_row_stride, params.k_row_stride,
-                                  v + next_begin * params.v_row_stride, params.v_row_stride,
-                                  std::min<int64_t>(C::kBlockN, key_end - next_begin), head_dim);
+    const int64_t next_rows = paged ? 0 : std::clamp<int64_t>(key_end - next_begin, 0, C::kBlockN);
+    TileSteps<C>::prefetch_next(next_rows > 0 ? k + next_begin * params.k_row_stride : nullptr, params.k_row_stride,
+                                next_rows > 0 ? v + next_begin * params.v_row_stride : nullptr, params.v_row_stride,
+                                next_rows, head_dim);
     TileSteps<C>::scores(k_rows, k_stride, cols, q_t, rows_padded, head_dim, p_t);
     TileSteps<C>::softmax(cols, rows_padded, key_limit, apply_mask, p_t, m, l, alpha);
     TileSteps<C>::pv(p_t, v_tile, cols, alpha, rows_padded, dim_padded, o);

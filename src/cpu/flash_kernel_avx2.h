@@ -4,7 +4,10 @@
 // streamed vectors and one broadcast. The tile steps are compiled as functions
 // of their own (TileSteps below): inlined into attention_query_block, GCC kept
 // one accumulator of the P V micro-tile on the stack, a store-to-load chain
-// through every iteration (0.65x the speed of the spill-free loop).
+// through every iteration (0.65x the speed of the spill-free loop). Measured on
+// a 2-core Zen 3 (benchmarks/NOTES.md): packing K per tile into 6-key groups,
+// copying Q^T columns contiguous, kBlockM 128/256 and kBlockN 64/96/256 gained
+// nothing above the run-to-run noise, so none of them is here.
 #pragma once
 
 #include "flash_kernel.h"
@@ -18,8 +21,9 @@ using Avx2Config = KernelConfig<T, 32 / sizeof(T), 6, 2>;
 #define WAVEBOOST_CPU_AVX2 __attribute__((target("avx2,fma"), noinline))
 
 // Requests for the next tile's K and V rows, handed out a few at a time
-// between micro-tiles: issued all at once, 2048 lines (128 keys x 512 B, K and
-// V) would queue behind the L1's couple of dozen miss buffers.
+// between micro-tiles. Issued all at once at the start of the tile (2048 lines
+// for 128 keys x 512 B of K and of V, far more than the L1's miss buffers),
+// they gained nothing measurable; spread out, they did (benchmarks/NOTES.md).
 struct PrefetchQueue {
   const char* k = nullptr;  // the current row of K and of V
   const char* v = nullptr;
@@ -68,8 +72,8 @@ struct Avx2TileSteps {
     q.offset = 0;
   }
 
-  // S^T = K Q^T (scores_tile), query columns outer: one 16-query column of Q^T
-  // stays in L1 while the rows of K stream past it.
+  // S^T = K Q^T (scores_tile's micro-tiles), query columns outer (measured level
+  // with keys outer), with prefetches between micro-tiles.
   static WAVEBOOST_CPU_AVX2 void scores(const T* k, int64_t k_row_stride, int64_t cols, const T* q_t,
                                         int64_t rows_padded, int64_t head_dim, T* s) {
     PrefetchQueue& q = queue();
