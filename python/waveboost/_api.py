@@ -369,17 +369,6 @@ def _check_backward_backend(backend: Any) -> None:
                          f"the backends with one are {backward_backends()}")
 
 
-def _check_scale(softmax_scale: Any) -> Optional[float]:
-    if softmax_scale is None:
-        return None
-    if isinstance(softmax_scale, (bool, str, bytes)) or not hasattr(softmax_scale, "__float__"):
-        raise TypeError(f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}")
-    softmax_scale = float(softmax_scale)
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
-    return softmax_scale
-
-
 def attention_backward(
     dout: Any,
     q: Any,
@@ -416,7 +405,7 @@ def attention_backward(
         ``(dq, dk, dv)``, arrays of ``q``'s framework on its device, computed on the caller's stream.
     """
     _check_backward_backend(backend)
-    softmax_scale = _check_scale(softmax_scale)
+    softmax_scale = check_softmax_scale(softmax_scale)
     adapter = _adapter_for(q, "q")
     given = {"dout": dout, "k": k, "v": v, "out": out, "lse": lse, "dlse": dlse, "dq": dq, "dk": dk, "dv": dv}
     for name, t in given.items():
@@ -488,17 +477,6 @@ def _check_backend_name(backend: Any) -> str:
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str such as 'auto' or 'cpu'; got {type(backend).__name__}")
     return backend
-
-
-def _check_scale(softmax_scale: Any) -> Optional[float]:
-    if softmax_scale is None:
-        return None
-    if isinstance(softmax_scale, (bool, str, bytes)) or not hasattr(softmax_scale, "__float__"):
-        raise TypeError(f"softmax_scale must be a float or None; got {type(softmax_scale).__name__}")
-    softmax_scale = float(softmax_scale)
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
-    return softmax_scale
 
 
 def _one_framework(adapter: _Adapter, first: str, named: tuple) -> None:
@@ -702,7 +680,7 @@ def attention_varlen(
     ``validate=True`` (or the CPU backend).
     """
     backend = _check_backend_name(backend)
-    softmax_scale = _check_scale(softmax_scale)
+    softmax_scale = check_softmax_scale(softmax_scale)
     adapter = _adapter_for(q, "q")
     _one_framework(adapter, "q", (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
                                   ("block_table", block_table), ("seqused_k", seqused_k), ("out", out)))
@@ -823,7 +801,7 @@ def attention_with_kvcache(
         DLPack route that copies each cache before appending.
     """
     backend = _check_backend_name(backend)
-    softmax_scale = _check_scale(softmax_scale)
+    softmax_scale = check_softmax_scale(softmax_scale)
     adapter = _adapter_for(q, "q")
     _one_framework(adapter, "q", (("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
                                   ("block_table", block_table), ("k_new", k_new), ("v_new", v_new), ("out", out)))
