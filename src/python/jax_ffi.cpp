@@ -177,30 +177,21 @@ ffi::Error attention_cuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyB
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_attention_cpu, attention_cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // lse
-                                  .Attr<bool>("causal")
-                                  .Attr<double>("softmax_scale")
-                                  .Attr<std::string_view>("backend"));
+#define WAVEBOOST_FORWARD_BINDING   \
+  .Arg<ffi::AnyBuffer>()     /* q */   \
+      .Arg<ffi::AnyBuffer>() /* k */   \
+      .Arg<ffi::AnyBuffer>() /* v */   \
+      .Ret<ffi::AnyBuffer>() /* out */ \
+      .Ret<ffi::AnyBuffer>() /* lse */ \
+      .Attr<bool>("causal")            \
+      .Attr<double>("softmax_scale")   \
+      .Attr<std::string_view>("backend")
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_attention_cpu, attention_cpu, ffi::Ffi::Bind() WAVEBOOST_FORWARD_BINDING);
 #ifdef WAVEBOOST_WITH_CUDA
 XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_attention_cuda, attention_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // lse
-                                  .Attr<bool>("causal")
-                                  .Attr<double>("softmax_scale")
-                                  .Attr<std::string_view>("backend"));
+                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>()
+                                  WAVEBOOST_FORWARD_BINDING);
 #endif
 
 // ---------------------------------------------------------------------------
@@ -310,44 +301,29 @@ ffi::Error attention_backward_cuda(cudaStream_t stream, int32_t device_ordinal, 
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_attention_backward_cpu, attention_backward_cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // dout
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // out
-                                  .Arg<ffi::AnyBuffer>()  // lse
-                                  .Arg<ffi::AnyBuffer>()  // dlse
-                                  .Ret<ffi::AnyBuffer>()  // dq
-                                  .Ret<ffi::AnyBuffer>()  // dk
-                                  .Ret<ffi::AnyBuffer>()  // dv
-                                  .Attr<bool>("causal")
-                                  .Attr<double>("softmax_scale")
-                                  .Attr<bool>("has_dlse")
-                                  .Attr<bool>("deterministic")
-                                  .Attr<std::string_view>("backend"));
+#define WAVEBOOST_BACKWARD_BINDING               \
+  .Arg<ffi::AnyBuffer>()     /* dout */             \
+      .Arg<ffi::AnyBuffer>() /* q */                \
+      .Arg<ffi::AnyBuffer>() /* k */                \
+      .Arg<ffi::AnyBuffer>() /* v */                \
+      .Arg<ffi::AnyBuffer>() /* out */              \
+      .Arg<ffi::AnyBuffer>() /* lse */              \
+      .Arg<ffi::AnyBuffer>() /* dlse */             \
+      .Ret<ffi::AnyBuffer>() /* dq */               \
+      .Ret<ffi::AnyBuffer>() /* dk */               \
+      .Ret<ffi::AnyBuffer>() /* dv */               \
+      .Attr<bool>("causal")                         \
+      .Attr<double>("softmax_scale")                \
+      .Attr<bool>("has_dlse")                       \
+      .Attr<bool>("deterministic")                  \
+      .Attr<std::string_view>("backend")
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_attention_backward_cpu, attention_backward_cpu,
+                              ffi::Ffi::Bind() WAVEBOOST_BACKWARD_BINDING);
 #ifdef WAVEBOOST_WITH_CUDA
 XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_attention_backward_cuda, attention_backward_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()  // dout
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // out
-                                  .Arg<ffi::AnyBuffer>()  // lse
-                                  .Arg<ffi::AnyBuffer>()  // dlse
-                                  .Ret<ffi::AnyBuffer>()  // dq
-                                  .Ret<ffi::AnyBuffer>()  // dk
-                                  .Ret<ffi::AnyBuffer>()  // dv
-                                  .Attr<bool>("causal")
-                                  .Attr<double>("softmax_scale")
-                                  .Attr<bool>("has_dlse")
-                                  .Attr<bool>("deterministic")
-                                  .Attr<std::string_view>("backend"));
+                              ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>()
+                                  WAVEBOOST_BACKWARD_BINDING);
 #endif
 
 // ---------------------------------------------------------------------------

@@ -171,6 +171,14 @@ Backend parse_backend_or_raise(const std::string& name) {
   return b;
 }
 
+// The backend a call with params `p` (forward or backward) runs for `requested`; raises why not.
+template <typename Params>
+std::string resolved_backend_name(const Params& p, Backend requested) {
+  const Backend chosen = requested == Backend::kAuto ? waveboost::select_backend(p) : requested;
+  raise_status(waveboost::can_implement(p, chosen));
+  return waveboost::backend_name(chosen);
+}
+
 // Fills AttentionParams from DLPack tensors after checking every constraint.
 AttentionParams make_params(const InputTensor& q, const InputTensor& k, const InputTensor& v,
                             const InputTensor* out_ptr, const std::optional<InputTensor>& lse, bool causal,
@@ -715,9 +723,7 @@ NB_MODULE(_waveboost, m) {
       [](InputTensor q, InputTensor k, InputTensor v, bool causal, const std::string& backend) {
         const Backend b = parse_backend_or_raise(backend);
         const AttentionParams p = make_params(q, k, v, nullptr, std::nullopt, causal, std::nullopt);
-        const Backend chosen = b == Backend::kAuto ? waveboost::select_backend(p) : b;
-        raise_status(waveboost::can_implement(p, chosen));
-        return std::string(waveboost::backend_name(chosen));
+        return resolved_backend_name(p, b);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal") = false, nb::arg("backend") = "auto",
       "The backend a call with these tensors would run; raises ValueError with the reason if it cannot run.");
@@ -781,9 +787,7 @@ NB_MODULE(_waveboost, m) {
         p.do_head_stride = p.dq_head_stride = p.q_head_stride;
         p.dk_batch_stride = p.k_batch_stride, p.dk_row_stride = p.k_row_stride, p.dk_head_stride = p.k_head_stride;
         p.dv_batch_stride = p.v_batch_stride, p.dv_row_stride = p.v_row_stride, p.dv_head_stride = p.v_head_stride;
-        const Backend chosen = b == Backend::kAuto ? waveboost::select_backend(p) : b;
-        raise_status(waveboost::can_implement(p, chosen));
-        return std::string(waveboost::backend_name(chosen));
+        return resolved_backend_name(p, b);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal") = false, nb::arg("backend") = "auto",
       "The backend a backward call with these tensors would run; raises ValueError with the reason if it cannot run.");
