@@ -150,8 +150,7 @@ const char* dtype_name(DType dtype) {
 }
 
 bool parse_backend(const std::string& name, Backend* backend) {
-  for (Backend b : {Backend::kAuto, Backend::kCPU, Backend::kNaive, Backend::kSimt, Backend::kWmma, Backend::kMma,
-                    Backend::kWgmma, Backend::kDecode}) {
+  for (Backend b : kAllBackends) {
     if (name == backend_name(b)) {
       *backend = b;
       return true;

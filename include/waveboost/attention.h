@@ -36,6 +36,11 @@ enum class Backend : int32_t {
   kDecode = 7, // CUDA split-KV decode (few queries per sequence, GQA heads packed per tile), fp16/bf16
 };
 
+// Every backend, kAuto first, in the enum's order: the one list of names (backend_name gives each
+// one's) that parse_backend, the bindings and waveboost.BACKENDS read.
+inline constexpr Backend kAllBackends[] = {Backend::kAuto, Backend::kCPU,  Backend::kNaive, Backend::kSimt,
+                                           Backend::kWmma, Backend::kMma,  Backend::kWgmma, Backend::kDecode};
+
 // Everything a forward call needs, passed by value to kernels. POD on purpose:
 // no framework, DLPack or std types, so it can be a __grid_constant__ parameter.
 struct AttentionParams {
