@@ -231,6 +231,28 @@ const int32_t* index_array(const TensorArg& t, const char* name, std::initialize
   return static_cast<const int32_t*>(t.data);
 }
 
+// A packed layout: its cu_seqlens (batch + 1,) into *cu_seqlens, and its max_seqlen bound
+// (required, >= 0) returned.
+int64_t packed_bound(const TensorArg& cu, const char* cu_name, int64_t batch, std::optional<int64_t> max_seqlen,
+                     const char* max_name, const TensorArg& q, const int32_t** cu_seqlens) {
+  *cu_seqlens = index_array(cu, cu_name, {batch + 1}, "(batch + 1,)", q, "q");
+  if (!max_seqlen) value_error(std::string(max_name) + " is required with " + cu_name);
+  if (*max_seqlen < 0) value_error(std::string(max_name) + " must be >= 0; got " + str(*max_seqlen));
+  return *max_seqlen;
+}
+
+// A paged cache (num_pages, page_size, heads_kv, head_dim) and its block_table (batch, max_pages).
+struct Pages {
+  const int32_t* table;
+  int64_t table_stride, page_size, num_pages, capacity;  // capacity: keys one sequence can hold
+};
+
+Pages paged_layout(const TensorArg& block_table, const TensorArg& cache, int64_t batch, const TensorArg& ref,
+                   const char* ref_name) {
+  const int32_t* table = index_array(block_table, "block_table", {batch, -1}, "(batch, max_pages)", ref, ref_name);
+  return {table, block_table.strides[0], cache.shape[1], cache.shape[0], block_table.shape[1] * cache.shape[1]};
+}
+
 // `t` must look like `ref` (a 4-D BSHD tensor): same dtype, device and shape, unit last stride.
 void check_like(const TensorArg& t, const char* name, const TensorArg& ref, const char* ref_name, const char* layout) {
   check_ndim(t, name, 4, layout);
@@ -238,6 +260,23 @@ void check_like(const TensorArg& t, const char* name, const TensorArg& ref, cons
   check_same_device(t, name, ref, ref_name);
   check_same_shape(t, name, ref, ref_name, "has shape ");
   check_unit_last_stride(t, name);
+}
+
+// Params holding the four tensors' pointers, after checking their unit last strides and (when
+// `check_out`) that out overlaps neither itself nor an input.
+AttentionParams checked_pointers(const TensorArg& q, const TensorArg& k, const TensorArg& v, const TensorArg& out,
+                                 bool check_out) {
+  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}}) check_unit_last_stride(*t, name);
+  if (check_out) {
+    check_no_internal_overlap(out, "out");
+    for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_no_overlap(out, "out", *t, name);
+  }
+  AttentionParams p;
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.out = const_cast<void*>(out.data);
+  return p;
 }
 
 }  // namespace
@@ -278,17 +317,7 @@ AttentionParams forward_params(const TensorArg& q, const TensorArg& k, const Ten
   check_heads(q, k, heads, heads_kv, head_dim);
   static const char* const q_dims[] = {"batch", "seqlen_q", "heads", "head_dim"};
   for (int d = 0; d < 4; ++d) check_dim(out, "out", d, q_dims[d], q.shape[d], std::string("q's ") + q_dims[d]);
-  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}}) check_unit_last_stride(*t, name);
-  if (out_arg) {
-    check_no_internal_overlap(out, "out");
-    for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_no_overlap(out, "out", *t, name);
-  }
-
-  AttentionParams p;
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
-  p.out = const_cast<void*>(out.data);
+  AttentionParams p = checked_pointers(q, k, v, out, out_arg != nullptr);
   p.q_batch_stride = q.strides[0], p.q_row_stride = q.strides[1], p.q_head_stride = q.strides[2];
   p.k_batch_stride = k.strides[0], p.k_row_stride = k.strides[1], p.k_head_stride = k.strides[2];
   p.v_batch_stride = v.strides[0], p.v_row_stride = v.strides[1], p.v_head_stride = v.strides[2];
@@ -411,20 +440,9 @@ AttentionParams sequence_params(const TensorArg& q, const TensorArg& k, const Te
   check_dim(k, "k", kd + 1, "head_dim", head_dim, "q's head_dim");
   check_same_shape(out, "out", q, "q");
   check_heads(q, k, heads, heads_kv, head_dim);
-  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}}) check_unit_last_stride(*t, name);
-  check_no_internal_overlap(out, "out");
-  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_no_overlap(out, "out", *t, name);
-
-  AttentionParams p;
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
-  p.out = const_cast<void*>(out.data);
+  AttentionParams p = checked_pointers(q, k, v, out, true);
   if (varlen_q) {
-    p.cu_seqlens_q = index_array(*cu_seqlens_q, "cu_seqlens_q", {batch + 1}, "(batch + 1,)", q, "q");
-    if (!max_seqlen_q) value_error("max_seqlen_q is required with cu_seqlens_q");
-    if (*max_seqlen_q < 0) value_error("max_seqlen_q must be >= 0; got " + str(*max_seqlen_q));
-    p.seqlen_q = *max_seqlen_q;
+    p.seqlen_q = packed_bound(*cu_seqlens_q, "cu_seqlens_q", batch, max_seqlen_q, "max_seqlen_q", q, &p.cu_seqlens_q);
     p.q_row_stride = q.strides[0], p.q_head_stride = q.strides[1];
     p.o_row_stride = out.strides[0], p.o_head_stride = out.strides[1];
   } else {
@@ -433,18 +451,13 @@ AttentionParams sequence_params(const TensorArg& q, const TensorArg& k, const Te
     p.o_batch_stride = out.strides[0], p.o_row_stride = out.strides[1], p.o_head_stride = out.strides[2];
   }
   if (paged) {
-    p.block_table = index_array(*block_table, "block_table", {batch, -1}, "(batch, max_pages)", q, "q");
-    p.block_table_batch_stride = block_table->strides[0];
-    p.page_size = k.shape[1];
-    p.num_pages = k.shape[0];
-    p.seqlen_k = block_table->shape[1] * p.page_size;
+    const Pages pages = paged_layout(*block_table, k, batch, q, "q");
+    p.block_table = pages.table, p.block_table_batch_stride = pages.table_stride;
+    p.page_size = pages.page_size, p.num_pages = pages.num_pages, p.seqlen_k = pages.capacity;
     p.k_batch_stride = k.strides[0], p.k_row_stride = k.strides[1], p.k_head_stride = k.strides[2];
     p.v_batch_stride = v.strides[0], p.v_row_stride = v.strides[1], p.v_head_stride = v.strides[2];
   } else if (varlen_k) {
-    p.cu_seqlens_k = index_array(*cu_seqlens_k, "cu_seqlens_k", {batch + 1}, "(batch + 1,)", q, "q");
-    if (!max_seqlen_k) value_error("max_seqlen_k is required with cu_seqlens_k");
-    if (*max_seqlen_k < 0) value_error("max_seqlen_k must be >= 0; got " + str(*max_seqlen_k));
-    p.seqlen_k = *max_seqlen_k;
+    p.seqlen_k = packed_bound(*cu_seqlens_k, "cu_seqlens_k", batch, max_seqlen_k, "max_seqlen_k", q, &p.cu_seqlens_k);
     p.k_row_stride = k.strides[0], p.k_head_stride = k.strides[1];
     p.v_row_stride = v.strides[0], p.v_head_stride = v.strides[1];
   } else {
@@ -601,11 +614,9 @@ KVCacheAppendParams append_params(const TensorArg& k_cache, const TensorArg& v_c
     check_no_overlap(*seqused_out, "seqused_out", cache_seqlens, "cache_seqlens");
   }
   if (paged) {
-    p.block_table = index_array(*block_table, "block_table", {batch, -1}, "(batch, max_pages)", k_cache, "k_cache");
-    p.block_table_batch_stride = block_table->strides[0];
-    p.page_size = k_cache.shape[1];
-    p.num_pages = k_cache.shape[0];
-    p.capacity = block_table->shape[1] * p.page_size;
+    const Pages pages = paged_layout(*block_table, k_cache, batch, k_cache, "k_cache");
+    p.block_table = pages.table, p.block_table_batch_stride = pages.table_stride;
+    p.page_size = pages.page_size, p.num_pages = pages.num_pages, p.capacity = pages.capacity;
   } else {
     check_dim(k_cache, "k_cache", 0, "batch", batch, "k_new's batch");
     p.capacity = k_cache.shape[1];

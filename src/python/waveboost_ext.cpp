@@ -73,6 +73,17 @@ void raise_status(const Status& s) {
   throw std::runtime_error(s.message());
 }
 
+// Runs a C++ API call with the GIL released and raises its error.
+template <typename Call>
+void without_gil(Call&& call) {
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = call();
+  }
+  raise_status(s);
+}
+
 using waveboost::frontend::backend_from_name;
 
 // The backend a call with params `p` (forward or backward) runs for `requested`; raises why not.
@@ -105,12 +116,7 @@ NB_MODULE(_waveboost, m) {
         const std::optional<TensorArg> lse_arg = describe(lse);
         const AttentionParams p = waveboost::frontend::forward_params(describe(q), describe(k), describe(v), &out_arg,
                                                                       ptr(lse_arg), causal, softmax_scale);
-        Status s;
-        {
-          nb::gil_scoped_release release;
-          s = waveboost::attention_forward(p, b, reinterpret_cast<void*>(stream));
-        }
-        raise_status(s);
+        without_gil([&] { return waveboost::attention_forward(p, b, reinterpret_cast<void*>(stream)); });
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(), nb::arg("causal"),
       nb::arg("softmax_scale").none(), nb::arg("backend"), nb::arg("stream"),
@@ -131,12 +137,7 @@ NB_MODULE(_waveboost, m) {
   m.def(
       "stream_synchronize",
       [](int device_id, uintptr_t stream) {
-        Status s;
-        {
-          nb::gil_scoped_release release;
-          s = waveboost::stream_synchronize(device_id, reinterpret_cast<void*>(stream));
-        }
-        raise_status(s);
+        without_gil([&] { return waveboost::stream_synchronize(device_id, reinterpret_cast<void*>(stream)); });
       },
       nb::arg("device_id"), nb::arg("stream"));
   m.def(
@@ -158,12 +159,7 @@ NB_MODULE(_waveboost, m) {
             describe(dout), describe(q), describe(k), describe(v), describe(out), describe(lse),
             describe(InputTensor(dq)), describe(InputTensor(dk)), describe(InputTensor(dv)), ptr(dlse_arg), causal,
             softmax_scale, deterministic);
-        Status s;
-        {
-          nb::gil_scoped_release release;
-          s = waveboost::attention_backward(p, b, reinterpret_cast<void*>(stream));
-        }
-        raise_status(s);
+        without_gil([&] { return waveboost::attention_backward(p, b, reinterpret_cast<void*>(stream)); });
       },
       nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("dq"),
       nb::arg("dk"), nb::arg("dv"), nb::arg("dlse").none(), nb::arg("causal"), nb::arg("softmax_scale").none(),
@@ -225,12 +221,7 @@ NB_MODULE(_waveboost, m) {
         const Backend chosen = b == Backend::kAuto ? waveboost::select_backend(waveboost::with_resolved_scale(p)) : b;
         raise_status(waveboost::can_implement(p, chosen));
         if (check_only) return std::string(waveboost::backend_name(chosen));
-        Status s;
-        {
-          nb::gil_scoped_release release;
-          s = waveboost::attention_forward(p, chosen, reinterpret_cast<void*>(stream));
-        }
-        raise_status(s);
+        without_gil([&] { return waveboost::attention_forward(p, chosen, reinterpret_cast<void*>(stream)); });
         return std::string(waveboost::backend_name(chosen));
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(), nb::arg("cu_seqlens_q").none(),
@@ -246,12 +237,7 @@ NB_MODULE(_waveboost, m) {
         const std::optional<TensorArg> lse_arg = describe(lse);
         const MergeStatesParams p =
             waveboost::frontend::merge_params(describe(outs), describe(lses), describe(InputTensor(out)), ptr(lse_arg));
-        Status s;
-        {
-          nb::gil_scoped_release release;
-          s = waveboost::merge_attention_states(p, reinterpret_cast<void*>(stream));
-        }
-        raise_status(s);
+        without_gil([&] { return waveboost::merge_attention_states(p, reinterpret_cast<void*>(stream)); });
       },
       nb::arg("outs"), nb::arg("lses"), nb::arg("out"), nb::arg("lse").none(), nb::arg("stream"),
       "Merges partial attention results over disjoint key sets: (num_parts, batch, seqlen, heads, head_dim) "
@@ -265,12 +251,7 @@ NB_MODULE(_waveboost, m) {
         const KVCacheAppendParams p = waveboost::frontend::append_params(
             describe(InputTensor(k_cache)), describe(InputTensor(v_cache)), describe(k_new), describe(v_new),
             describe(cache_seqlens), ptr(used), ptr(table));
-        Status s;
-        {
-          nb::gil_scoped_release release;
-          s = waveboost::kv_cache_append(p, reinterpret_cast<void*>(stream));
-        }
-        raise_status(s);
+        without_gil([&] { return waveboost::kv_cache_append(p, reinterpret_cast<void*>(stream)); });
       },
       nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("k_new"), nb::arg("v_new"), nb::arg("cache_seqlens"),
       nb::arg("seqused_out").none(), nb::arg("block_table").none(), nb::arg("stream"),
