@@ -570,11 +570,44 @@ def _check_index(x: Any, arg: str, shape: tuple, layout: str) -> None:
         raise ValueError(f"{arg} must have shape {layout} = {shape}; got {got}")
 
 
-def _max_length(cu_seqlens: Any) -> int:
+def _max_length(cu_seqlens: Any, name: str = "cu_seqlens") -> int:
     import numpy as np
 
     cu = _to_host(cu_seqlens).astype(np.int64).reshape(-1)
     return int(np.max(np.diff(cu))) if cu.size > 1 else 0
+
+
+def varlen_args(q_shape: tuple, cu_seqlens_q: Any, cu_seqlens_k: Any, block_table: Any, seqused_k: Any,
+                max_seqlen_q: Any, max_seqlen_k: Any) -> tuple:
+    """The argument rules of ``attention_varlen`` that waveboost and waveboost.jax share: the offsets
+    it needs, q's packed rank, the max_seqlen types, and a paged call's cu_seqlens_k turned into
+    seqused_k (its differences, computed on the device). Returns ``(cu_seqlens_k, seqused_k)``."""
+    if cu_seqlens_q is None:
+        raise ValueError("cu_seqlens_q is required: int32 (batch + 1,) offsets of each sequence's queries in q")
+    if cu_seqlens_k is None and block_table is None:
+        raise ValueError("cu_seqlens_k is required without block_table: int32 (batch + 1,) offsets of each "
+                         "sequence's keys in k")
+    if len(q_shape) != 3:
+        raise ValueError(f"q must be a 3-D tensor (total_q, heads, head_dim); got shape {q_shape}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if value is not None and (isinstance(value, bool) or not hasattr(value, "__index__")):
+            raise TypeError(f"{name} must be an int or None; got {type(value).__name__}")
+    if block_table is not None and cu_seqlens_k is not None:
+        if seqused_k is None:
+            seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+        cu_seqlens_k = None
+    return cu_seqlens_k, seqused_k
+
+
+def varlen_max_lengths(cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
+                       read_max: Callable[[Any, str], int]) -> tuple:
+    """``(max_seqlen_q, max_seqlen_k)`` as ints: the given bounds, else ``read_max(cu_seqlens, name)``
+    (a host read); max_seqlen_k is 0 (unused) without cu_seqlens_k (a paged cache)."""
+    if max_seqlen_q is None:
+        max_seqlen_q = read_max(cu_seqlens_q, "cu_seqlens_q")
+    if max_seqlen_k is None:
+        max_seqlen_k = 0 if cu_seqlens_k is None else read_max(cu_seqlens_k, "cu_seqlens_k")
+    return int(max_seqlen_q), int(max_seqlen_k)
 
 
 def _validate_cu_seqlens(cu_seqlens: Any, arg: str, total: int, max_seqlen: Optional[int]) -> Any:
@@ -694,21 +727,9 @@ def attention_varlen(
                 causal=causal, softmax_scale=softmax_scale, block_table=block_table, seqused_k=seqused_k,
                 return_lse=return_lse, backend=backend)
         _check_jax_eager((q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, out), "attention_varlen")
-    if cu_seqlens_q is None:
-        raise ValueError("cu_seqlens_q is required: int32 (batch + 1,) offsets of each sequence's queries in q")
-    if cu_seqlens_k is None and block_table is None:
-        raise ValueError("cu_seqlens_k is required without block_table: int32 (batch + 1,) offsets of each "
-                         "sequence's keys in k")
     shape = tuple(getattr(q, "shape", ()))
-    if len(shape) != 3:
-        raise ValueError(f"q must be a 3-D tensor (total_q, heads, head_dim); got shape {shape}")
-    if block_table is not None and cu_seqlens_k is not None:
-        if seqused_k is None:
-            seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
-        cu_seqlens_k = None
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if value is not None and (isinstance(value, bool) or not hasattr(value, "__index__")):
-            raise TypeError(f"{name} must be an int or None; got {type(value).__name__}")
+    cu_seqlens_k, seqused_k = varlen_args(shape, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q,
+                                          max_seqlen_k)
     if validate:
         _validate_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", shape[0], max_seqlen_q)
         k_shape = tuple(getattr(k, "shape", ()))
@@ -727,10 +748,8 @@ def attention_varlen(
         if block_table is not None and len(k_shape) == 4 and k_shape[1] > 0:
             lengths = used if used is not None else [capacity] * batch
             _validate_pages(block_table, lengths, k_shape[1], k_shape[0])
-    if max_seqlen_q is None:
-        max_seqlen_q = _max_length(cu_seqlens_q)
-    if max_seqlen_k is None and cu_seqlens_k is not None:
-        max_seqlen_k = _max_length(cu_seqlens_k)
+    max_seqlen_q, max_seqlen_k = varlen_max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                    _max_length)
     if out is not None:
         _check_writeable(out, "out")
     else:
@@ -745,8 +764,7 @@ def attention_varlen(
     _waveboost.forward_sequences(
         prep(q, "q"), prep(k, "k"), prep(v, "v"), prep(out, "out"), opt(lse, "lse"), prep(cu_seqlens_q, "cu_seqlens_q"),
         opt(cu_seqlens_k, "cu_seqlens_k"), opt(seqused_k, "seqused_k"), opt(block_table, "block_table"),
-        None if max_seqlen_q is None else int(max_seqlen_q), None if max_seqlen_k is None else int(max_seqlen_k),
-        bool(causal), softmax_scale, backend, stream,
+        max_seqlen_q, max_seqlen_k, bool(causal), softmax_scale, backend, stream,
     )
     adapter.finish(out, stream)
     return (out, lse) if return_lse else out

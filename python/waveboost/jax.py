@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _waveboost
-from ._api import BACKENDS, check_flag
+from ._api import BACKENDS, _max_length, check_flag, varlen_args, varlen_max_lengths
 
 __all__ = ["BACKWARD_TARGET_NAME", "KVCACHE_TARGET_NAME", "MERGE_TARGET_NAME", "TARGET_NAME", "VARLEN_TARGET_NAME",
            "attention", "attention_backward", "attention_varlen", "attention_with_kvcache", "ffi_available",
@@ -448,8 +448,7 @@ def _host_max_length(cu_seqlens: Any, name: str) -> int:
     if isinstance(cu_seqlens, jax.core.Tracer):
         raise ValueError(f"max_seqlen_{name[-1]} is required under jit (it sizes the launch and cannot be read from "
                          f"the traced {name})")
-    cu = np.asarray(cu_seqlens).astype(np.int64).reshape(-1)
-    return int(np.max(np.diff(cu))) if cu.size > 1 else 0
+    return _max_length(cu_seqlens, name)
 
 
 def attention_varlen(
@@ -480,8 +479,8 @@ def attention_varlen(
     if "CUDA" not in _varlen_platforms():
         _require_ffi((q, k, v))
     qs = jnp.shape(q)
-    if len(qs) != 3:
-        raise ValueError(f"q must be a 3-D array (total_q, heads, head_dim); got shape {qs}")
+    cu_seqlens_k, seqused_k = varlen_args(qs, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q,
+                                          max_seqlen_k)
     dtype = jnp.result_type(q)
     if dtype not in _SUPPORTED_DTYPES:
         raise TypeError(f"q must have dtype float16, bfloat16, float32 or float64; got {dtype}")
@@ -489,12 +488,6 @@ def attention_varlen(
         if jnp.result_type(x) != dtype:
             raise TypeError(f"{name} has dtype {jnp.result_type(x)} but q has {dtype}; they must share one dtype")
     paged = block_table is not None
-    if cu_seqlens_k is None and not paged:
-        raise ValueError("cu_seqlens_k is required without block_table")
-    if paged and cu_seqlens_k is not None:
-        if seqused_k is None:
-            seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
-        cu_seqlens_k = None
     for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k),
                     ("block_table", block_table)):
         if x is not None and jnp.result_type(x) != jnp.int32:
@@ -517,10 +510,8 @@ def attention_varlen(
         raise ValueError(f"page_size must be >= 1; k has shape {ks}")
     if ks[-2] == 0 or qs[1] % ks[-2] != 0:
         raise ValueError(f"q's heads ({qs[1]}) must be a multiple of k's heads_kv ({ks[-2]})")
-    if max_seqlen_q is None:
-        max_seqlen_q = _host_max_length(cu_seqlens_q, "cu_seqlens_q")
-    if max_seqlen_k is None:
-        max_seqlen_k = 0 if paged else _host_max_length(cu_seqlens_k, "cu_seqlens_k")
+    max_seqlen_q, max_seqlen_k = varlen_max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                    _host_max_length)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(qs[2])
     softmax_scale = float(softmax_scale)
@@ -530,7 +521,7 @@ def attention_varlen(
     out, lse = _varlen_call(
         q, k, v, cu_seqlens_q, empty if cu_seqlens_k is None else cu_seqlens_k,
         empty if seqused_k is None else seqused_k, block_table if paged else jnp.zeros((0, 0), jnp.int32),
-        max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), causal=bool(causal),
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=bool(causal),
         softmax_scale=softmax_scale, backend=backend, paged=paged, has_seqused=seqused_k is not None)
     return (out, lse) if return_lse else out
 
