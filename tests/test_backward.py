@@ -296,7 +296,7 @@ def test_missing_tensors_and_mixed_frameworks(case):
 # CUDA backends
 # ---------------------------------------------------------------------------
 
-GPU_BACKENDS = ["naive", "mma"]
+GPU_BACKENDS = [b for b in waveboost.backward_backends() if b not in ("auto", "cpu")]
 GPU_DTYPES = ["fp16", "bf16", "fp32"]
 GPU_SHAPES = [
     (1, 1, 1, 8, 8, 64),

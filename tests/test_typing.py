@@ -67,6 +67,10 @@ o, l, none = waveboost.flash_attn_func(q, q, q, causal=True, return_attn_probs=T
 assert_type(none, None)
 backend = waveboost.resolve_backend(q, q, q, backend="cpu")
 version: str = waveboost.info()["version"]
+capability = waveboost.capabilities()[0]
+assert_type(capability["available"], bool)
+assert_type(capability["head_dims"], list[int])
+waveboost.attention(q, q, q, backend=capability["backend"])
 '''
 
 _MISTAKES = {
@@ -74,6 +78,7 @@ _MISTAKES = {
     "out_is_not_a_tuple": "pair: tuple[object, object] = waveboost.attention(q, q, q)",
     "resolve_backend_causal_is_keyword_only": "waveboost.resolve_backend(q, q, q, True)",
     "info_has_no_such_key": "waveboost.info()['versions']",
+    "capability_has_no_such_key": "waveboost.capabilities()[0]['dtypes']",
 }
 
 

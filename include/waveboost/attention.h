@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "waveboost/status.h"
 
@@ -223,6 +224,28 @@ bool parse_backend(const std::string& name, Backend* backend);
 // Whether `backend` can run on CUDA device `device_id` with this build (compiled
 // in, compute capability high enough) for at least one dtype and head dim.
 bool backend_available(Backend backend, int device_id);
+
+// What one backend compiled into this build can run, found by asking its can_implement about
+// synthetic calls (no kernel runs, no memory is touched): a dense forward per dtype and head dim,
+// then causal, GQA, varlen, seqused and paged variants and the backward of the first dtype and
+// head dim that runs. CUDA backends are asked about device `device_id`; without that device they
+// are listed as not available, with nothing probed.
+struct BackendCapabilities {
+  Backend backend = Backend::kCPU;
+  DeviceType device_type = DeviceType::kCPU;  // where its tensors live
+  bool available = false;                     // a probe passes on this machine
+  std::string reason;                         // when !available: why (can_implement's message)
+  std::vector<DType> forward_dtypes;          // a dense forward passes at some probed head dim
+  std::vector<DType> backward_dtypes;         // likewise the backward
+  std::vector<int64_t> head_dims;             // probed head dims a forward passes at (some dtype)
+  bool any_head_dim = false;                  // every probed head dim passes (a generic path)
+  bool causal = false, gqa = false, varlen = false, seqused = false, paged = false;
+  bool deterministic_backward = false;
+};
+// The head dims capabilities() probes.
+inline constexpr int64_t kProbedHeadDims[] = {16, 32, 48, 64, 80, 96, 128, 160, 192, 256};
+// One record per backend compiled in (kAuto excluded), in the enum's order.
+std::vector<BackendCapabilities> capabilities(int device_id = 0);
 
 // Blocks the host until `stream` on CUDA device `device_id` is idle (only for
 // callers whose framework cannot order work after ours, e.g. eager JAX through DLPack).

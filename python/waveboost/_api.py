@@ -15,7 +15,8 @@ import numpy as np  # the one runtime dependency
 
 from . import _waveboost
 
-BACKENDS = ("auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma", "decode")
+# Every backend name, "auto" first, as the compiled module (the C++ API's one list) names them.
+BACKENDS = tuple(_waveboost.backend_names())
 
 
 class _Adapter(NamedTuple):
@@ -466,6 +467,31 @@ def info() -> dict:
         "cpu_isa": _waveboost.cpu_isa(),
         "cpu_threads": _waveboost.cpu_num_threads(),
     }
+
+
+def capabilities(device: int = 0) -> list:
+    """What each backend compiled into this build can run, one record (a dict) per backend.
+
+    Keys: ``backend`` (a name ``backend=`` takes), ``device`` ("cpu" or "cuda"), ``requires``
+    (in words), ``available`` (this machine can run it now; for CUDA backends on GPU ``device``)
+    and ``reason`` (why not, else None), ``passes`` ("forward", "backward"), ``forward_dtypes``
+    and ``backward_dtypes``, ``head_dims`` (those of the probed set that run) and ``any_head_dim``,
+    and the flags ``causal``, ``gqa``, ``varlen``, ``seqused``, ``paged`` and
+    ``deterministic_backward``. The records come from each backend's own ``can_implement``, asked
+    about synthetic calls (nothing runs), so they agree with what a call does; a backend that is
+    not available has nothing probed (empty lists, false flags).
+    """
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError(f"device must be an int (a CUDA device ordinal); got {type(device).__name__}")
+    archs = _waveboost.cuda_architectures()
+    records = []
+    for record in _waveboost.capabilities(device):
+        record["requires"] = ("host memory" if record["device"] == "cpu"
+                              else f"a CUDA device of an architecture this build targets ({archs})")
+        record["passes"] = [name for name, dtypes in (("forward", record["forward_dtypes"]),
+                                                      ("backward", record["backward_dtypes"])) if dtypes]
+        records.append(record)
+    return records
 
 
 # ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Any, Literal, Optional, TypedDict, TypeVar, overload
 
 _Array = TypeVar("_Array")
 
-BackendName = Literal["auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma"]
+BackendName = Literal["auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma", "decode"]
 ResolvedBackend = Literal["cpu", "naive", "simt", "wmma", "mma", "wgmma", "decode"]
 
 BACKENDS: tuple[BackendName, ...]
@@ -22,6 +22,25 @@ class Info(TypedDict):
     cpu_isa: Literal["avx512", "avx2", "baseline"]
     cpu_threads: int
 
+class Capability(TypedDict):
+    backend: ResolvedBackend
+    device: Literal["cpu", "cuda"]
+    requires: str
+    available: bool
+    reason: Optional[str]
+    passes: list[Literal["forward", "backward"]]
+    forward_dtypes: list[Literal["float16", "bfloat16", "float32", "float64"]]
+    backward_dtypes: list[Literal["float16", "bfloat16", "float32", "float64"]]
+    head_dims: list[int]
+    any_head_dim: bool
+    causal: bool
+    gqa: bool
+    varlen: bool
+    seqused: bool
+    paged: bool
+    deterministic_backward: bool
+
+def capabilities(device: int = ...) -> list[Capability]: ...
 def check_flag(value: Any, arg: str) -> bool: ...
 def check_backend(backend: Any) -> BackendName: ...
 def check_softmax_scale(softmax_scale: Any) -> Optional[float]: ...

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -195,6 +196,49 @@ NB_MODULE(_waveboost, m) {
       "backend_has_backward",
       [](const std::string& backend) { return waveboost::backend_has_backward(backend_from_name(backend)); },
       nb::arg("backend"), "Whether `backend` has a backward pass (on some device, dtype and head dim).");
+
+  m.def(
+      "backend_names",
+      [] {
+        std::vector<std::string> names;
+        for (Backend b : waveboost::kAllBackends) names.emplace_back(waveboost::backend_name(b));
+        return names;
+      },
+      "Every backend name the C++ API takes, 'auto' first.");
+  m.def(
+      "capabilities",
+      [](int device_id) {
+        const auto dtype_names = [](const std::vector<waveboost::DType>& dtypes) {
+          std::vector<std::string> names;
+          for (waveboost::DType d : dtypes) names.emplace_back(waveboost::dtype_name(d));
+          return names;
+        };
+        nb::list records;
+        for (const waveboost::BackendCapabilities& c : waveboost::capabilities(device_id)) {
+          nb::dict r;
+          r["backend"] = waveboost::backend_name(c.backend);
+          r["device"] = c.device_type == waveboost::DeviceType::kCUDA ? "cuda" : "cpu";
+          r["available"] = c.available;
+          r["reason"] = c.available ? nb::none() : nb::cast(c.reason);
+          r["forward_dtypes"] = dtype_names(c.forward_dtypes);
+          r["backward_dtypes"] = dtype_names(c.backward_dtypes);
+          r["head_dims"] = c.head_dims;
+          r["any_head_dim"] = c.any_head_dim;
+          r["causal"] = c.causal;
+          r["gqa"] = c.gqa;
+          r["varlen"] = c.varlen;
+          r["seqused"] = c.seqused;
+          r["paged"] = c.paged;
+          r["deterministic_backward"] = c.deterministic_backward;
+          records.append(r);
+        }
+        return records;
+      },
+      nb::arg("device_id") = 0,
+      "What each compiled backend can run (asked of its can_implement; CUDA backends on device_id).");
+  m.def("probed_head_dims", [] {
+    return std::vector<int64_t>(std::begin(waveboost::kProbedHeadDims), std::end(waveboost::kProbedHeadDims));
+  });
 
   m.def("version", &waveboost::version);
   m.def("cuda_compiled", &waveboost::cuda_compiled);

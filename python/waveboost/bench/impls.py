@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-# Known waveboost backends; info()["backends"] may add newer ones.
-WAVEBOOST_CUDA_BACKENDS = ("naive", "simt", "wmma")
+# waveboost's CUDA backends, as its compiled module names them; missing() says which cannot run here.
+WAVEBOOST_CUDA_BACKENDS = tuple(b for b in importlib.import_module("waveboost").BACKENDS if b not in ("auto", "cpu"))
 SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
                  "sdpa_eff": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
 
