@@ -454,9 +454,7 @@ def info() -> dict:
     """Version, CUDA build facts, the GPUs seen, the backends this machine can run (on GPU 0), and the
     CPU path's instruction set ("avx512", "avx2" or "baseline") and thread count."""
     gpus = [_waveboost.cuda_device_description(i) for i in range(_waveboost.cuda_device_count())]
-    backends = ["cpu"]
-    if gpus:
-        backends += [b for b in BACKENDS[2:] if _waveboost.backend_available(b, 0)]
+    backends = [record["backend"] for record in capabilities() if record["available"]]
     return {
         "version": _waveboost.version(),
         "cuda_compiled": bool(_waveboost.cuda_compiled()),
