@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _waveboost
-from ._api import BACKENDS, _max_length, check_flag, varlen_args, varlen_max_lengths
+from ._api import BACKENDS, _max_length, check_flag, check_softmax_scale, varlen_args, varlen_max_lengths
 
 __all__ = ["BACKWARD_TARGET_NAME", "KVCACHE_TARGET_NAME", "MERGE_TARGET_NAME", "TARGET_NAME", "VARLEN_TARGET_NAME",
            "attention", "attention_backward", "attention_varlen", "attention_with_kvcache", "ffi_available",
@@ -89,6 +89,13 @@ def _check_dlpack_fallback(arrays: tuple[Any, ...], out_given: bool) -> None:
         raise TypeError("out= needs concrete JAX arrays (it writes into an existing buffer); "
                         "under jit or vmap call waveboost.attention without out=")
     _require_ffi(())
+
+
+def _static_scale(softmax_scale: Any, head_dim: int) -> float:
+    """softmax_scale checked as waveboost.attention checks it, None as 1 / sqrt(head_dim): a static
+    attribute of the custom call."""
+    scale = check_softmax_scale(softmax_scale)
+    return 1.0 / math.sqrt(head_dim) if scale is None else scale
 
 
 def _check_inputs(q: Any, k: Any, v: Any, backend: str) -> None:
@@ -177,11 +184,7 @@ def attention(
     """
     _require_ffi((q, k, v))
     _check_inputs(q, k, v, backend)
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(jnp.shape(q)[3])
-    softmax_scale = float(softmax_scale)
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    softmax_scale = _static_scale(softmax_scale, jnp.shape(q)[3])
     _registered_backward_platforms()
     out, lse = _attention_differentiable(q, k, v, check_flag(causal, "causal"), softmax_scale, backend)
     return (out, lse) if return_lse else out
@@ -268,11 +271,7 @@ def attention_backward(
             raise ValueError(f"{name} has shape {jnp.shape(x)} but must be (batch, heads, seqlen_q) = {lse_shape}")
         if jnp.result_type(x) != jnp.float32:
             raise TypeError(f"{name} must have dtype float32; got {jnp.result_type(x)}")
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(qs[3])
-    softmax_scale = float(softmax_scale)
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    softmax_scale = _static_scale(softmax_scale, qs[3])
     has_dlse = dlse is not None
     return _attention_backward_call(dout, q, k, v, out, lse, dlse if has_dlse else lse, causal=bool(causal),
                                     softmax_scale=softmax_scale, has_dlse=has_dlse,
@@ -389,11 +388,7 @@ def attention_with_kvcache(
         k_new = v_new = jnp.zeros((qs[0], 0, cs[2], cs[3]), dtype)
     if not paged:
         block_table = jnp.zeros((qs[0], 0), jnp.int32)
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(qs[3])
-    softmax_scale = float(softmax_scale)
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    softmax_scale = _static_scale(softmax_scale, qs[3])
     out, lse, k_cache, v_cache, _ = _kvcache_call(
         q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, causal=bool(causal),
         softmax_scale=softmax_scale, backend=backend, paged=paged, append=append)
@@ -512,11 +507,7 @@ def attention_varlen(
         raise ValueError(f"q's heads ({qs[1]}) must be a multiple of k's heads_kv ({ks[-2]})")
     max_seqlen_q, max_seqlen_k = varlen_max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                     _host_max_length)
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(qs[2])
-    softmax_scale = float(softmax_scale)
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be a finite number; got {softmax_scale}")
+    softmax_scale = _static_scale(softmax_scale, qs[2])
     empty = jnp.zeros((0,), jnp.int32)
     out, lse = _varlen_call(
         q, k, v, cu_seqlens_q, empty if cu_seqlens_k is None else cu_seqlens_k,
