@@ -90,13 +90,15 @@ Status wgmma_can_implement(const AttentionParams& p) {
 }
 
 namespace {
-// WAVEBOOST_WGMMA_PIPELINE selects how unsplit blocks load K and V: "tma" (a producer
-// warpgroup issuing TMA into an mbarrier ring, flash_wgmma_ws.cuh) or "cp.async" (every
-// thread copies, one block barrier per tile, flash_wgmma.cuh). Read once per process.
+// How unsplit blocks load K and V: by default a producer warpgroup issues TMA into an
+// mbarrier ring (flash_wgmma_ws.cuh, 1.22x the cp.async kernel on an H100, benchmarks/NOTES.md);
+// WAVEBOOST_WGMMA_PIPELINE=cp.async selects the kernel where every thread copies and the block
+// meets one barrier per tile (flash_wgmma.cuh), which also runs split-KV and whatever TMA
+// cannot describe. Read once per process.
 bool use_tma_pipeline() {
   static const bool tma = [] {
     const char* v = std::getenv("WAVEBOOST_WGMMA_PIPELINE");
-    return v != nullptr && std::strcmp(v, "tma") == 0;
+    return v == nullptr || std::strcmp(v, "cp.async") != 0;
   }();
   return tma;
 }
