@@ -374,7 +374,7 @@ Status attention_forward(const AttentionParams& params, Backend backend, void* s
 
 bool backend_has_backward(Backend backend) {
   return backend == Backend::kAuto || backend == Backend::kCPU || backend == Backend::kNaive ||
-         backend == Backend::kMma;
+         backend == Backend::kMma || backend == Backend::kWgmma;
 }
 
 Status validate(const AttentionBackwardParams& p) {
@@ -394,6 +394,7 @@ Status validate(const AttentionBackwardParams& p) {
 
 Backend select_backend(const AttentionBackwardParams& p) {
   if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
+  if (can_implement(p, Backend::kWgmma).ok()) return Backend::kWgmma;
   if (can_implement(p, Backend::kMma).ok()) return Backend::kMma;
   return Backend::kNaive;
 }
@@ -404,7 +405,7 @@ Status can_implement(const AttentionBackwardParams& params, Backend backend) {
   if (backend == Backend::kAuto) backend = select_backend(p);
   if (!backend_has_backward(backend))
     return Status::NotSupported(std::string("backend '") + backend_name(backend) +
-                                "' is forward-only; the backward pass runs on 'cpu', 'naive' and 'mma' (or 'auto')");
+                                "' is forward-only; the backward pass runs on 'cpu', 'naive', 'mma' and 'wgmma' (or 'auto')");
   if (backend == Backend::kCPU) {
     if (p.device_type != DeviceType::kCPU)
       return Status::InvalidArgument("backend 'cpu' needs tensors in host memory; got CUDA tensors");
@@ -417,6 +418,7 @@ Status can_implement(const AttentionBackwardParams& params, Backend backend) {
   switch (backend) {
     case Backend::kNaive: return cuda::naive_can_implement_backward(p);
     case Backend::kMma: return cuda::mma_can_implement_backward(p);
+    case Backend::kWgmma: return cuda::wgmma_can_implement_backward(p);
     default: break;
   }
   return Status::Internal("unreachable backend in can_implement (backward)");
@@ -438,6 +440,7 @@ Status attention_backward(const AttentionBackwardParams& params, Backend backend
 #ifdef WAVEBOOST_WITH_CUDA
     case Backend::kNaive: return cuda::naive_backward(p, stream);
     case Backend::kMma: return cuda::mma_backward(p, stream);
+    case Backend::kWgmma: return cuda::wgmma_backward(p, stream);
 #endif
     default: break;
   }
