@@ -394,7 +394,10 @@ Status validate(const AttentionBackwardParams& p) {
 
 Backend select_backend(const AttentionBackwardParams& p) {
   if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
-  if (can_implement(p, Backend::kWgmma).ok()) return Backend::kWgmma;
+  // Hopper: the wgmma backward runs 1.01-1.17x mma's speed except at head dim 64 under a causal
+  // mask, where it is 0.93-1.04x (benchmarks/results/*-20261123/backward-wgmma/).
+  const bool wgmma_wins = !(p.head_dim == 64 && p.is_causal);
+  if (wgmma_wins && can_implement(p, Backend::kWgmma).ok()) return Backend::kWgmma;
   if (can_implement(p, Backend::kMma).ok()) return Backend::kMma;
   return Backend::kNaive;
 }
