@@ -295,12 +295,13 @@ Backend select_backend(const AttentionParams& p) {
   // refuses goes to wmma (fp16/bf16) or simt (any dtype); the naive path covers every
   // other head dim.
   const bool specialized = p.head_dim == 64 || p.head_dim == 128;
-  // Hopper: wgmma leads at head dim 128, and at head dim 64 for seqlen >= 2048, but trails mma
-  // at 1024, where its 128-key tiles and one block per SM leave less to overlap. That overlap
-  // needs a second block per SM: on a grid of at most one block per SM wgmma leads at any
+  // Hopper: wgmma leads at head dim 128, and at head dim 64 from seqlen 1024 (its TMA pipeline:
+  // 0.40-0.41 ms against mma's 0.45 at L = 1k, FA2 grid, results/*-20261123/wgmma-tma/), but
+  // trails mma below, where its 128-key tiles and one block per SM leave less to overlap. That
+  // overlap needs a second block per SM: on a grid of at most one block per SM wgmma leads at any
   // seqlen, and where that grid leaves most SMs idle it splits the keys (split-KV) to fill
   // them. Measured: benchmarks/results/*/fa2-*/summary.md and .../small-grids/.
-  const bool wgmma_wins = p.head_dim == 128 || p.seqlen_k >= 2048 || fits_one_wave(p);
+  const bool wgmma_wins = p.head_dim == 128 || p.seqlen_k >= 1024 || fits_one_wave(p);
   if (specialized && p.dtype != DType::kFloat32 && wgmma_wins && can_implement(p, Backend::kWgmma).ok())
     return Backend::kWgmma;
   if (specialized && can_implement(p, Backend::kMma).ok()) return Backend::kMma;
@@ -372,7 +373,7 @@ Status attention_forward(const AttentionParams& params, Backend backend, void* s
 
 bool backend_has_backward(Backend backend) {
   return backend == Backend::kAuto || backend == Backend::kCPU || backend == Backend::kNaive ||
-         backend == Backend::kMma;
+         backend == Backend::kMma || backend == Backend::kWgmma;
 }
 
 Status validate(const AttentionBackwardParams& p) {
@@ -392,6 +393,10 @@ Status validate(const AttentionBackwardParams& p) {
 
 Backend select_backend(const AttentionBackwardParams& p) {
   if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
+  // Hopper: the wgmma backward runs 1.01-1.17x mma's speed except at head dim 64 under a causal
+  // mask, where it is 0.93-1.04x (benchmarks/results/*-20261123/backward-wgmma/).
+  const bool wgmma_wins = !(p.head_dim == 64 && p.is_causal);
+  if (wgmma_wins && can_implement(p, Backend::kWgmma).ok()) return Backend::kWgmma;
   if (can_implement(p, Backend::kMma).ok()) return Backend::kMma;
   return Backend::kNaive;
 }
@@ -402,7 +407,7 @@ Status can_implement(const AttentionBackwardParams& params, Backend backend) {
   if (backend == Backend::kAuto) backend = select_backend(p);
   if (!backend_has_backward(backend))
     return Status::NotSupported(std::string("backend '") + backend_name(backend) +
-                                "' is forward-only; the backward pass runs on 'cpu', 'naive' and 'mma' (or 'auto')");
+                                "' is forward-only; the backward pass runs on 'cpu', 'naive', 'mma' and 'wgmma' (or 'auto')");
   if (backend == Backend::kCPU) {
     if (p.device_type != DeviceType::kCPU)
       return Status::InvalidArgument("backend 'cpu' needs tensors in host memory; got CUDA tensors");
@@ -415,6 +420,7 @@ Status can_implement(const AttentionBackwardParams& params, Backend backend) {
   switch (backend) {
     case Backend::kNaive: return cuda::naive_can_implement_backward(p);
     case Backend::kMma: return cuda::mma_can_implement_backward(p);
+    case Backend::kWgmma: return cuda::wgmma_can_implement_backward(p);
     default: break;
   }
   return Status::Internal("unreachable backend in can_implement (backward)");
@@ -436,6 +442,7 @@ Status attention_backward(const AttentionBackwardParams& params, Backend backend
 #ifdef WAVEBOOST_WITH_CUDA
     case Backend::kNaive: return cuda::naive_backward(p, stream);
     case Backend::kMma: return cuda::mma_backward(p, stream);
+    case Backend::kWgmma: return cuda::wgmma_backward(p, stream);
 #endif
     default: break;
   }

@@ -1,4 +1,4 @@
-"""CUDA backward passes (naive, mma) against a float64 reference.
+"""CUDA backward passes (naive, mma, wgmma) against a float64 reference.
 
 The reference is the same plain PyTorch attention (masked softmax, P V) differentiated by autograd
 in float64 on the GPU. Half precision follows FlashAttention's rule per gradient:
@@ -21,7 +21,8 @@ pytestmark = pytest.mark.gpu
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 ATOL = {"fp16": 2e-4, "bf16": 2e-3}
-PATHS = {"naive": (["fp16", "bf16", "fp32"], [64, 128, 40]), "mma": (["fp16", "bf16"], [64, 128])}
+PATHS = {"naive": (["fp16", "bf16", "fp32"], [64, 128, 40]), "mma": (["fp16", "bf16"], [64, 128]),
+         "wgmma": (["fp16", "bf16"], [64, 128])}
 HEADS = 8
 GROUPS = [1, 2, 8]
 # (seqlen_q, seqlen_k): equal and unequal both ways, tails of every tile size.
@@ -78,7 +79,13 @@ def nan_like(x):
     return torch.full_like(x, float("nan"))
 
 
+def skip_unless_runs(path):
+    if path == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("backend 'wgmma' runs on compute capability 9.0 only")
+
+
 def run_backward(path, q, k, v, dout, causal, scale=None, dlse=None, deterministic=False, fwd_path=None):
+    skip_unless_runs(path)
     out, lse = waveboost.attention(q, k, v, causal=causal, softmax_scale=scale, return_lse=True,
                                    backend=fwd_path or path)
     dq, dk, dv = nan_like(q), nan_like(k), nan_like(v)  # every element must be written
@@ -130,7 +137,8 @@ def test_matches_reference(path, dname, d, lq, lk, causal):
     check_grads(grads, q, k, v, dout, causal, scale, dname)
 
 
-@pytest.mark.parametrize("path,dname", [("naive", "fp16"), ("naive", "fp32"), ("mma", "bf16"), ("mma", "fp16")])
+@pytest.mark.parametrize("path,dname", [("naive", "fp16"), ("naive", "fp32"), ("mma", "bf16"), ("mma", "fp16"),
+                                        ("wgmma", "bf16"), ("wgmma", "fp16")])
 @pytest.mark.parametrize("groups", GROUPS)
 def test_gqa_groups(path, dname, groups):
     q, k, v, dout = random_inputs(2, 200, 333, HEADS, HEADS // groups, 64, DTYPES[dname], seed=groups)
@@ -139,7 +147,8 @@ def test_gqa_groups(path, dname, groups):
         check_grads(grads, q, k, v, dout, causal, 1 / 8, dname)
 
 
-@pytest.mark.parametrize("path,dname", [("naive", "fp32"), ("naive", "bf16"), ("mma", "fp16"), ("mma", "bf16")])
+@pytest.mark.parametrize("path,dname", [("naive", "fp32"), ("naive", "bf16"), ("mma", "fp16"), ("mma", "bf16"),
+                                        ("wgmma", "fp16"), ("wgmma", "bf16")])
 @pytest.mark.parametrize("lq,lk", [(130, 70), (70, 130), (64, 64)])
 def test_dlse_and_empty_rows(path, dname, lq, lk):
     """dS += dlse * P; causal with seqlen_q > seqlen_k leaves rows with no key: zero gradients, no NaN."""
@@ -155,9 +164,10 @@ def test_dlse_and_empty_rows(path, dname, lq, lk):
             assert (dq[:, : lq - lk] == 0).all().item(), "rows that see no key must get zero dq"
 
 
-@pytest.mark.parametrize("path", ["naive", "mma"])
+@pytest.mark.parametrize("path", ["naive", "mma", "wgmma"])
 def test_strided_views(path):
     """BHSD storage seen through transposes, for every input and output."""
+    skip_unless_runs(path)
     dtype = torch.bfloat16
     b, lq, lk, h, hkv, d = 2, 97, 131, 4, 2, 128
     mk = lambda bb, l, hh: torch.randn(bb, hh, l, d, device="cuda").to(dtype).transpose(1, 2)  # noqa: E731
@@ -192,7 +202,7 @@ def test_mma_refuses_with_reason(dname, d, reason):
         waveboost.attention_backward(dout, q, k, v, out, lse, backend="mma")
 
 
-@pytest.mark.parametrize("path,dname", [("naive", "fp32"), ("naive", "fp16"), ("mma", "bf16")])
+@pytest.mark.parametrize("path,dname", [("naive", "fp32"), ("naive", "fp16"), ("mma", "bf16"), ("wgmma", "fp16")])
 @pytest.mark.parametrize("scale", [-0.3, 0.0, 2.0])
 def test_unusual_scales(path, dname, scale):
     q, k, v, dout = random_inputs(1, 97, 130, 4, 1, 64, DTYPES[dname], seed=11)
@@ -201,9 +211,10 @@ def test_unusual_scales(path, dname, scale):
         check_grads(grads, q, k, v, dout, causal, scale, dname)
 
 
-@pytest.mark.parametrize("path", ["naive", "mma"])
+@pytest.mark.parametrize("path", ["naive", "mma", "wgmma"])
 @pytest.mark.parametrize("lq,lk", [(0, 50), (50, 0)])
 def test_empty_sequences(path, lq, lk):
+    skip_unless_runs(path)
     q, k, v, dout = random_inputs(2, lq, lk, 4, 2, 64, torch.float16, seed=3)
     out = torch.zeros_like(q)
     lse = torch.full((2, 4, lq), float("-inf"), device="cuda")
@@ -236,3 +247,29 @@ def test_deterministic_bitwise(path, dname, d, causal, lq, lk):
     for a, b in zip(runs[0], fast):
         assert torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2)
 
+
+
+def test_wgmma_refuses_deterministic_and_auto_takes_mma():
+    """deterministic=True runs on mma (a fixed dQ order); wgmma refuses it with the reason."""
+    skip_unless_runs("wgmma")
+    q, k, v, dout = random_inputs(1, 100, 100, 2, 2, 64, torch.bfloat16, seed=2)
+    out, lse = waveboost.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="deterministic"):
+        waveboost.attention_backward(dout, q, k, v, out, lse, deterministic=True, backend="wgmma")
+    auto = waveboost.attention_backward(dout, q, k, v, out, lse, deterministic=True)
+    ref = waveboost.attention_backward(dout, q, k, v, out, lse, deterministic=True, backend="mma")
+    torch.cuda.synchronize()
+    for a, b in zip(auto, ref):
+        assert torch.equal(a, b)
+
+
+def test_auto_backward_on_hopper_is_wgmma():
+    """auto resolves to the wgmma backward on compute capability 9.0 (but head dim 64 causal), and runs it."""
+    skip_unless_runs("wgmma")
+    q, k, v, dout = random_inputs(2, 300, 300, 4, 2, 128, torch.float16, seed=4)
+    assert waveboost.resolve_backend(q, k, v, causal=True, backward=True) == "wgmma"
+    q64, k64, v64, _ = random_inputs(2, 300, 300, 4, 2, 64, torch.float16, seed=5)
+    assert waveboost.resolve_backend(q64, k64, v64, causal=False, backward=True) == "wgmma"
+    assert waveboost.resolve_backend(q64, k64, v64, causal=True, backward=True) == "mma"  # mma leads there
+    grads = run_backward("auto", q, k, v, dout, True)
+    check_grads(grads, q, k, v, dout, True, 1 / math.sqrt(128), "fp16")

@@ -1,5 +1,6 @@
 // Backward passes of the CUDA paths: can_implement, workspaces and the dtype x head_dim dispatch
-// onto include/waveboost/cuda/naive_backward.cuh and flash_bwd_mma.cuh.
+// onto include/waveboost/cuda/naive_backward.cuh, flash_bwd_mma.cuh and (sm_90a objects in
+// src/cuda/sm90/) flash_bwd_wgmma.cuh.
 #include <string>
 
 #include "cuda_paths.h"
@@ -213,5 +214,75 @@ Status mma_backward(const AttentionBackwardParams& p, void* stream) {
   const Status freed = workspace.release();
   return status.ok() ? freed : status;
 }
+
+// ---------------------------------------------------------------------------
+// wgmma (Hopper)
+// ---------------------------------------------------------------------------
+
+#ifdef WAVEBOOST_WITH_SM90A
+// Defined in src/cuda/sm90/flash_bwd_wgmma.cu.
+Status launch_flash_bwd_wgmma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream);
+int flash_bwd_wgmma_smem_bytes(int64_t head_dim);
+
+Status wgmma_can_implement_backward(const AttentionBackwardParams& p) {
+  if (p.device_type != DeviceType::kCUDA) {
+    return Status::NotSupported("backend 'wgmma' runs on CUDA devices; got tensors on the CPU");
+  }
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
+    return Status::NotSupported(std::string("backend 'wgmma' (backward) supports float16 and bfloat16; got ") +
+                                dtype_name(p.dtype));
+  }
+  if (p.head_dim != 64 && p.head_dim != 128) {
+    return Status::NotSupported("backend 'wgmma' (backward) supports head_dim 64 and 128; got " +
+                                std::to_string(p.head_dim));
+  }
+  if (p.deterministic) {
+    return Status::NotSupported("backend 'wgmma' (backward) adds dQ with atomics: deterministic=True runs on 'mma'");
+  }
+  if (!backward_vector_friendly(p)) {
+    return Status::NotSupported("backend 'wgmma' (backward) needs 16-byte aligned q/k/v/out/dout/dq/dk/dv with "
+                                "strides that are multiples of 8 elements");
+  }
+  int cc = 0;
+  if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
+  if (cc != 90) {
+    return Status::NotSupported("backend 'wgmma' runs on compute capability 9.0 (Hopper) only; device " +
+                                std::to_string(p.device_id) + " has " + cc_string(cc));
+  }
+  int smem_optin = 0;
+  if (Status s = max_shared_memory_per_block(p.device_id, &smem_optin); !s.ok()) return s;
+  const int smem_bytes = flash_bwd_wgmma_smem_bytes(p.head_dim);
+  if (smem_bytes > smem_optin) {
+    return Status::NotSupported("backend 'wgmma' (backward) needs " + std::to_string(smem_bytes) +
+                                " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
+                                "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
+  }
+  return Status::Ok();
+}
+
+Status wgmma_backward(const AttentionBackwardParams& p, void* stream) {
+  if (p.batch == 0 || p.heads == 0) return Status::Ok();
+  DeviceGuard guard(p.device_id);
+  if (!guard.status().ok()) return guard.status();
+  const auto s = static_cast<cudaStream_t>(stream);
+  int64_t m_pad = 0;
+  const size_t bytes = flash_bwd_mma_workspace_bytes(p, &m_pad);
+  PoolWorkspace workspace(p.device_id, bytes, s, "wgmma backward workspace");
+  if (!workspace.status().ok()) return workspace.status();
+  const Status status = launch_flash_bwd_wgmma(p, workspace.get(), s);
+  const Status freed = workspace.release();
+  return status.ok() ? freed : status;
+}
+
+#else  // no sm_90a objects in this build
+
+Status wgmma_can_implement_backward(const AttentionBackwardParams&) {
+  return Status::NotSupported(
+      "backend 'wgmma' needs a build that targets sm_90 (CMAKE_CUDA_ARCHITECTURES including 90)");
+}
+
+Status wgmma_backward(const AttentionBackwardParams& p, void*) { return wgmma_can_implement_backward(p); }
+
+#endif  // WAVEBOOST_WITH_SM90A
 
 }  // namespace waveboost::cuda

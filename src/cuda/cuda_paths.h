@@ -40,6 +40,8 @@ Status naive_can_implement_backward(const AttentionBackwardParams& params);
 Status mma_can_implement_backward(const AttentionBackwardParams& params);
 Status naive_backward(const AttentionBackwardParams& params, void* stream);
 Status mma_backward(const AttentionBackwardParams& params, void* stream);
+Status wgmma_can_implement_backward(const AttentionBackwardParams& params);
+Status wgmma_backward(const AttentionBackwardParams& params, void* stream);
 
 // Compute capability (major * 10 + minor) of a device, or a CUDA error.
 Status compute_capability(int device_id, int* cc);

@@ -4,6 +4,8 @@
 // and their launchers live in src/cuda/sm90/ (compiled for sm_90a only, and only when 90 is
 // among CMAKE_CUDA_ARCHITECTURES, which then defines WAVEBOOST_WITH_SM90A here).
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda_paths.h"
@@ -21,6 +23,9 @@ int flash_wgmma_hdim64_fp16_smem_bytes();
 int flash_wgmma_hdim128_fp16_smem_bytes();
 int flash_wgmma_hdim64_bf16_smem_bytes();
 int flash_wgmma_hdim128_bf16_smem_bytes();
+// Defined in src/cuda/sm90/flash_wgmma_ws.cu: the warp-specialized kernel (TMA producer);
+// NotSupported, with nothing launched, where it does not apply.
+Status launch_flash_wgmma_ws_dispatch(const AttentionParams& p, cudaStream_t stream);
 
 namespace {
 
@@ -85,7 +90,24 @@ Status wgmma_can_implement(const AttentionParams& p) {
 }
 
 namespace {
+// How unsplit blocks load K and V: by default a producer warpgroup issues TMA into an
+// mbarrier ring (flash_wgmma_ws.cuh, 1.22x the cp.async kernel on an H100, benchmarks/NOTES.md);
+// WAVEBOOST_WGMMA_PIPELINE=cp.async selects the kernel where every thread copies and the block
+// meets one barrier per tile (flash_wgmma.cuh), which also runs split-KV and whatever TMA
+// cannot describe. Read once per process.
+bool use_tma_pipeline() {
+  static const bool tma = [] {
+    const char* v = std::getenv("WAVEBOOST_WGMMA_PIPELINE");
+    return v == nullptr || std::strcmp(v, "cp.async") != 0;
+  }();
+  return tma;
+}
+
 Status launch(const AttentionParams& p, const SplitKV& split, cudaStream_t s) {
+  if (split.num_splits == 1 && use_tma_pipeline()) {
+    const Status ws = launch_flash_wgmma_ws_dispatch(p, s);
+    if (ws.code() != StatusCode::kNotSupported) return ws;
+  }
   switch (p.dtype) {
     case DType::kFloat16:
       switch (p.head_dim) {

@@ -3,7 +3,8 @@
 Every CUDA path (naive, simt, wmma, mma) with each dtype it supports, head dims 64 and 128 (and a
 non-specialized one on naive), causal and not, sequence tails on both sides, GQA/MQA, rows that see no
 key, seqlen_k = 0, BHSD storage seen through transposes, and unaligned views (data pointer not 16-byte
-aligned, odd strides) on the paths that take them. mma's float32 kernel (3xTF32) and wgmma (compute
+aligned, odd strides) on the paths that take them. wgmma runs its TMA-pipeline kernel unless
+WAVEBOOST_WGMMA_PIPELINE=cp.async is set (run_sanitizer.sh runs memcheck and racecheck both ways). mma's float32 kernel (3xTF32) and wgmma (compute
 capability 9.0 only: skipped elsewhere) get a few calls each covering the same features, and wgmma's
 split-KV route (small grid, long keys) two more. Shapes are tiny
 so racecheck and initcheck finish.
@@ -53,6 +54,10 @@ def cases():
             ("mma", "fp32", SHAPE_A, 128, False, "unaligned")]
     out += [("wgmma", "fp16", SHAPE_A, 128, True, "contiguous"), ("wgmma", "bf16", SHAPE_B, 64, True, "contiguous"),
             ("wgmma", "fp16", SHAPE_A, 64, False, "bhsd")]
+    # wgmma, unsplit, over enough key tiles (5) that the TMA ring's 2 stages wrap twice; a grid of 128
+    # blocks, so no split-KV.
+    out += [("wgmma", "bf16", (4, 256, 601, 16, 4), 64, True, "contiguous"),
+            ("wgmma", "fp16", (4, 256, 601, 16, 4), 128, False, "contiguous")]
     # wgmma's split-KV (small grids, long keys): pieces with tails and empty causal rows, and the merge.
     out += [("wgmma", "fp16", (1, 200, 700, 2, 1), 128, True, "contiguous"),
             ("wgmma", "bf16", (2, 37, 653, 4, 2), 64, False, "bhsd")]

@@ -1,0 +1,413 @@
+// Hopper flash attention backward on warpgroup MMA (backend "wgmma", sm_90a only).
+//
+// The algorithm and the workspace of the mma.sync backward (flash_bwd_mma.cuh: preprocess D and
+// lse * log2(e), main, convert dQ), with the main kernel's five products on wgmma. One block owns
+// kBlockN = 128 keys of one (batch, kv head) and runs two warpgroups of 64 keys each (wgmma's M);
+// K and V stay in shared memory, dK and dV in registers, while the query blocks of every query head
+// of the group stream by, kBlockM = 64 rows at a time (Q, dO, lse, D double-buffered by cp.async):
+//
+//   S^T  = K Q^T          m64n64k16, K rows (the warpgroup's) and Q rows from shared memory, K-major
+//   dP^T = V dO^T         likewise
+//   P^T  = exp2(c log2(e) S^T - lse log2(e)),  dS^T = P^T (dP^T - D)      in registers
+//   dV  += P^T dO         m64nDk16, P^T from registers (the accumulator layout is the A fragment
+//   dK  += dS^T Q         layout), dO / Q from shared memory MN-major (imm-trans-b)
+//   dQ  += dS K           over the warpgroup's own 64 keys: dS^T (stored [key][query], one
+//                         128 B-swizzled row per key) is dS MN-major (imm-trans-a), K MN-major
+//                         (imm-trans-b); 64-column passes; fp32 reductions into the accumulator
+//
+// Each warpgroup adds its own keys' share of dQ (no block barrier between the dS^T store and
+// the dQ product, only the warpgroup's named barrier). Tiles use the forward's 128 B-swizzled
+// panels (flash_wgmma.cuh), so its copy and descriptor helpers apply unchanged.
+#pragma once
+
+#include <cstdint>
+
+#include "waveboost/cuda/flash_bwd_mma.cuh"
+#include "waveboost/cuda/flash_wgmma.cuh"
+#include "waveboost/cuda/tma_primitives.cuh"
+
+namespace waveboost::cuda {
+
+/// \brief Compile-time choices of the wgmma backward.
+template <typename Element_, int kHeadDim_>
+struct FlashBwdWgmmaTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kThreads = kWarpgroups * 128;
+  static constexpr int kKeysPerWarpgroup = 64;            // wgmma's M
+  static constexpr int kBlockN = kWarpgroups * kKeysPerWarpgroup;
+  static constexpr int kBlockM = 64;                       // query rows per step: N of S^T and dP^T
+  static constexpr int kRowBytes = 128;                    // one 128 B swizzle row
+  static constexpr int kPanelCols = 64;
+  static constexpr int kChunk = 8;                         // elements per 16 B
+  static constexpr int kChunksPerRow = kHeadDim / kChunk;
+  static constexpr int kRowsPerCopyPass = kThreads / kChunksPerRow;
+  static constexpr int kDimSlices = kHeadDim / 16;         // k16 slices of S^T and dP^T
+  static constexpr int kQuerySlices = kBlockM / 16;        // k16 slices of dV and dK
+  static constexpr int kKeySlices = kKeysPerWarpgroup / 16;  // k16 slices of one warpgroup's dQ share
+  static constexpr int kDqPasses = kHeadDim / 64;          // 64-column passes of dQ
+
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kDsTileBytes = kBlockN * kBlockM * 2;
+  static constexpr int kVecBytes = kBlockM * 4;
+  static constexpr int kAtomBytes = 1024;
+  // K, V, Q[2], dO[2], dS^T, lse*log2e[2], D[2]; tiles on 1024 B boundaries.
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKVTileBytes;
+  static constexpr int kQOffset = kVOffset + kKVTileBytes;
+  static constexpr int kDoOffset = kQOffset + 2 * kQTileBytes;
+  static constexpr int kDsOffset = kDoOffset + 2 * kQTileBytes;
+  static constexpr int kLseOffset = kDsOffset + kDsTileBytes;
+  static constexpr int kDOffset = kLseOffset + 2 * kVecBytes;
+  static constexpr int kSmemBytes = kDOffset + 2 * kVecBytes + kAtomBytes;
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(sizeof(Element) == 2, "16-bit elements");
+  static_assert(kBlockM * 2 == kRowBytes, "a dS^T row (kBlockM queries) is one 128 B swizzle row");
+  static_assert(kRowsPerCopyPass % 8 == 0 && kBlockM % kRowsPerCopyPass == 0 && kBlockN % kRowsPerCopyPass == 0);
+  static_assert(kQTileBytes % kAtomBytes == 0 && kKVTileBytes % kAtomBytes == 0 && kDsTileBytes % kAtomBytes == 0);
+};
+
+namespace wgmma {
+
+// D (64 x 64, f32) {=, +=} A (64 x 16) B (16 x 64), A and B K-major in shared memory.
+template <typename Element, bool kAccumulate>
+__device__ __forceinline__ void mma_m64n64k16_ss(float (&d)[32], uint64_t a_desc, uint64_t b_desc) {
+  static_assert(std::is_same_v<Element, __half> || std::is_same_v<Element, __nv_bfloat16>, "16-bit inputs");
+#define WAVEBOOST_R8(C, i) C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), C(d[i + 4]), C(d[i + 5]), C(d[i + 6]), C(d[i + 7])
+#define WAVEBOOST_R32(C) WAVEBOOST_R8(C, 0), WAVEBOOST_R8(C, 8), WAVEBOOST_R8(C, 16), WAVEBOOST_R8(C, 24)
+#define WAVEBOOST_D32                                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WAVEBOOST_SS64(TYPES, C, SCALE_D, TRANS)                                                       \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " " WAVEBOOST_D32                  \
+               ", %32, %33, %34, 1, 1, " TRANS ";\n"                                                  \
+               : WAVEBOOST_R32(C)                                                                     \
+               : "l"(a_desc), "l"(b_desc), "n"(SCALE_D))
+  if constexpr (std::is_same_v<Element, __half>) {
+    if constexpr (kAccumulate) {
+      WAVEBOOST_SS64("f16.f16", "+f", 1, "0, 0");
+    } else {
+      WAVEBOOST_SS64("f16.f16", "=f", 0, "0, 0");
+    }
+  } else {
+    if constexpr (kAccumulate) {
+      WAVEBOOST_SS64("bf16.bf16", "+f", 1, "0, 0");
+    } else {
+      WAVEBOOST_SS64("bf16.bf16", "=f", 0, "0, 0");
+    }
+  }
+}
+
+// D (64 x 64, f32) {=, +=} A (64 x 16) B (16 x 64), A and B MN-major in shared memory
+// (imm-trans-a = imm-trans-b = 1: A's M index and B's N index are the contiguous ones).
+template <typename Element, bool kAccumulate>
+__device__ __forceinline__ void mma_m64n64k16_ss_tt(float (&d)[32], uint64_t a_desc, uint64_t b_desc) {
+  static_assert(std::is_same_v<Element, __half> || std::is_same_v<Element, __nv_bfloat16>, "16-bit inputs");
+  if constexpr (std::is_same_v<Element, __half>) {
+    if constexpr (kAccumulate) {
+      WAVEBOOST_SS64("f16.f16", "+f", 1, "1, 1");
+    } else {
+      WAVEBOOST_SS64("f16.f16", "=f", 0, "1, 1");
+    }
+  } else {
+    if constexpr (kAccumulate) {
+      WAVEBOOST_SS64("bf16.bf16", "+f", 1, "1, 1");
+    } else {
+      WAVEBOOST_SS64("bf16.bf16", "=f", 0, "1, 1");
+    }
+  }
+#undef WAVEBOOST_SS64
+#undef WAVEBOOST_D32
+#undef WAVEBOOST_R32
+#undef WAVEBOOST_R8
+}
+
+}  // namespace wgmma
+
+namespace flash_bwd_wgmma {
+
+// 16-bit pair of the fp32 accumulators (j, j + 1) of 8-column group i: the A fragment of k16
+// slice ks is {pair(2 ks, 0), pair(2 ks, 2), pair(2 ks + 1, 0), pair(2 ks + 1, 2)} (as the
+// forward's P, core/softmax.cuh).
+template <typename Element, int kSlices>
+__device__ __forceinline__ void pack_a(const float (&acc)[kSlices * 8], uint32_t (&a)[kSlices][4]) {
+#pragma unroll
+  for (int ks = 0; ks < kSlices; ++ks) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = 2 * ks + r / 2;   // 8-column group
+      const int j = 2 * (r % 2);      // rows g (0) or g + 8 (2)
+      a[ks][r] = pack_pair<Element>(acc[4 * i + j], acc[4 * i + j + 1]);
+    }
+  }
+}
+
+/// \brief One block: kBlockN keys of one (batch, kv head).
+template <typename Traits, bool kCausal>
+__device__ __forceinline__ void backward_block(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kRowBytes = Traits::kRowBytes;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t raw_address = mma::shared_address(smem_raw);
+  const uint32_t align_pad = (Traits::kAtomBytes - raw_address % Traits::kAtomBytes) % Traits::kAtomBytes;
+  unsigned char* const smem = smem_raw + align_pad;
+  const uint32_t base = raw_address + align_pad;
+  const uint32_t k_tile = base + Traits::kKOffset;
+  const uint32_t v_tile = base + Traits::kVOffset;
+  const uint32_t ds_tile = base + Traits::kDsOffset;
+  const float* lse_smem = reinterpret_cast<const float*>(smem + Traits::kLseOffset);
+  const float* d_smem = reinterpret_cast<const float*>(smem + Traits::kDOffset);
+
+  const int warpgroup = threadIdx.x / 128;
+  const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  const int64_t bhk = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
+  if (bhk >= p.batch * p.heads_kv) return;
+  const int64_t b = bhk / p.heads_kv;
+  const int64_t h_kv = bhk % p.heads_kv;
+  const int64_t group = p.heads / p.heads_kv;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBlockN;
+  const int64_t causal_offset = p.seqlen_k - p.seqlen_q;
+
+  const int64_t m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int64_t m_begin = kCausal ? (n0 - causal_offset > 0 ? (n0 - causal_offset) / kBlockM : 0) : 0;
+  const int64_t m_count = m_blocks > m_begin ? m_blocks - m_begin : 0;
+  const int64_t steps = group * m_count;
+
+  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride +
+                     n0 * p.k_row_stride;
+  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride +
+                     n0 * p.v_row_stride;
+  flash_wgmma::load_tile<Traits, kBlockN, true>(k_tile, k, p.k_row_stride, p.seqlen_k - n0);
+  flash_wgmma::load_tile<Traits, kBlockN, true>(v_tile, v, p.v_row_stride, p.seqlen_k - n0);
+
+  const auto step_head = [&](int64_t s) { return h_kv * group + s / m_count; };
+  const auto step_block = [&](int64_t s) { return m_begin + s % m_count; };
+  const auto issue_step = [&](int64_t s, int buf) {
+    const int64_t h = step_head(s);
+    const int64_t m0 = step_block(s) * kBlockM;
+    const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
+                       m0 * p.q_row_stride;
+    const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride +
+                          m0 * p.do_row_stride;
+    flash_wgmma::load_tile<Traits, kBlockM, true>(base + Traits::kQOffset + buf * Traits::kQTileBytes, q,
+                                                  p.q_row_stride, p.seqlen_q - m0);
+    flash_wgmma::load_tile<Traits, kBlockM, true>(base + Traits::kDoOffset + buf * Traits::kQTileBytes, dout,
+                                                  p.do_row_stride, p.seqlen_q - m0);
+    constexpr int kVecChunks = kBlockM / 4;  // 16 B chunks of one row vector
+    static_assert(2 * kVecChunks <= Traits::kThreads);
+    const int64_t row0 = (b * p.heads + h) * ws.m_pad + m0;
+    if (threadIdx.x < 2 * kVecChunks) {
+      const int c = threadIdx.x % kVecChunks;
+      const bool is_lse = threadIdx.x < kVecChunks;
+      const float* src = (is_lse ? ws.lse_log2 : ws.d_rows) + row0 + 4 * c;
+      const uint32_t dst = base + (is_lse ? Traits::kLseOffset : Traits::kDOffset) + buf * Traits::kVecBytes + 16 * c;
+      mma::copy_async_16B(dst, src, true);
+    }
+  };
+
+  if (steps > 0) issue_step(0, 0);
+  mma::commit_copies();
+
+  float dk[kHeadDim / 2];
+  float dv[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
+
+  const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
+  const int key_row = warpgroup * Traits::kKeysPerWarpgroup + warp * 16;  // this warp's 16 keys within the block
+
+  // K-major operands (K and V rows of this warpgroup as A; Q and dO rows as B): 8-row groups
+  // 1024 B apart; k16 slice kk sits in panel kk / 4, 32 B * (kk % 4) into each row.
+  const uint32_t kv_a_rows = warpgroup * Traits::kKeysPerWarpgroup * kRowBytes;
+  const auto kmajor = [](uint32_t tile, int rows, int kk) {
+    return wgmma::descriptor_128b(tile + (kk / 4) * rows * kRowBytes + (kk % 4) * 32, 16, 8 * kRowBytes);
+  };
+  // MN-major operands (dO and Q as the B of dV and dK, K as the B of dQ, dS^T as the A of dQ):
+  // groups of 8 k rows 1024 B apart, 64-column panels rows * 128 B apart.
+  const uint64_t do_b = wgmma::descriptor_128b(base + Traits::kDoOffset, kBlockM * kRowBytes, 8 * kRowBytes);
+  const uint64_t q_b = wgmma::descriptor_128b(base + Traits::kQOffset, kBlockM * kRowBytes, 8 * kRowBytes);
+  const uint64_t ds_a = wgmma::descriptor_128b(ds_tile + kv_a_rows, kBlockN * kRowBytes, 8 * kRowBytes);
+  const uint64_t k_b = wgmma::descriptor_128b(k_tile + kv_a_rows, kBlockN * kRowBytes, 8 * kRowBytes);
+
+  for (int64_t s = 0; s < steps; ++s) {
+    const int buf = static_cast<int>(s & 1);
+    mma::wait_copies<0>();
+    wgmma::fence_proxy_async();
+    __syncthreads();  // step s's tiles visible to both warpgroups; both are done with step s - 1
+    if (s + 1 < steps) issue_step(s + 1, buf ^ 1);  // the other buffers: last read in step s - 1
+    mma::commit_copies();
+
+    const int64_t h = step_head(s);
+    const int64_t m0 = step_block(s) * kBlockM;
+    const float* lse_row = lse_smem + buf * kBlockM;
+    const float* d_row = d_smem + buf * kBlockM;
+    const uint32_t q_tile = base + Traits::kQOffset + buf * Traits::kQTileBytes;
+    const uint32_t do_tile = base + Traits::kDoOffset + buf * Traits::kQTileBytes;
+
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x kBlockM queries.
+    // Accumulator 4 i + 2 hh + e: key key_row + g + 8 hh, query m0 + 8 i + 2 t + e.
+    float st[32];
+    float dpt[32];
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < Traits::kDimSlices; ++kk) {
+      if (kk == 0) {
+        wgmma::mma_m64n64k16_ss<Element, false>(st, kmajor(k_tile + kv_a_rows, kBlockN, kk), kmajor(q_tile, kBlockM, kk));
+      } else {
+        wgmma::mma_m64n64k16_ss<Element, true>(st, kmajor(k_tile + kv_a_rows, kBlockN, kk), kmajor(q_tile, kBlockM, kk));
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < Traits::kDimSlices; ++kk) {
+      if (kk == 0) {
+        wgmma::mma_m64n64k16_ss<Element, false>(dpt, kmajor(v_tile + kv_a_rows, kBlockN, kk), kmajor(do_tile, kBlockM, kk));
+      } else {
+        wgmma::mma_m64n64k16_ss<Element, true>(dpt, kmajor(v_tile + kv_a_rows, kBlockN, kk), kmajor(do_tile, kBlockM, kk));
+      }
+    }
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(st);
+    wgmma::fence_operands(dpt);
+
+    // P^T in place: keys past the sequence and (causal) keys a query does not see get 0; padded
+    // query rows have lse * log2(e) = +inf, so P = 0 there without a test. Then dS^T.
+    const bool masked = n0 + kBlockN > p.seqlen_k || (kCausal && n0 + kBlockN - 1 > m0 + causal_offset);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int col = 8 * i + 2 * t + (j % 2);
+        float prob = mma::exp2(st[4 * i + j] * scale_log2 - lse_row[col]);
+        if (masked) {
+          const int64_t key = n0 + key_row + g + 8 * (j / 2);
+          const bool visible = key < p.seqlen_k && (!kCausal || key <= m0 + col + causal_offset);
+          prob = visible ? prob : 0.f;
+        }
+        st[4 * i + j] = prob;
+        dpt[4 * i + j] = prob * (dpt[4 * i + j] - d_row[col]);
+      }
+    }
+    uint32_t pt[Traits::kQuerySlices][4];
+    uint32_t dst[Traits::kQuerySlices][4];
+    pack_a<Element, Traits::kQuerySlices>(st, pt);
+    pack_a<Element, Traits::kQuerySlices>(dpt, dst);
+
+    // dV += P^T dO, dK += dS^T Q (issued; they run while dS^T goes to shared memory).
+    wgmma::fence_operands(dv);
+    wgmma::fence_operands(dk);
+    wgmma::fence_operands(pt);
+    wgmma::fence_operands(dst);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
+      wgmma::mma_m64nNk16_rs_tb<Element, kHeadDim>(
+          dv, pt[ks], wgmma::advance(do_b, buf * Traits::kQTileBytes + ks * 16 * kRowBytes));
+    }
+#pragma unroll
+    for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
+      wgmma::mma_m64nNk16_rs_tb<Element, kHeadDim>(
+          dk, dst[ks], wgmma::advance(q_b, buf * Traits::kQTileBytes + ks * 16 * kRowBytes));
+    }
+    wgmma::commit_group();
+
+    // dS^T to shared memory, [key][query], one 128 B row per key, 16 B chunks swizzled by row:
+    // accumulator group i (queries 8 i .. 8 i + 7) is chunk i; this thread's pair is 4 t into it.
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = key_row + g + 8 * hh;
+        const uint32_t addr = ds_tile + row * kRowBytes + ((i ^ (row % 8)) * 16) + 4 * t;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dst[i / 2][2 * (i % 2) + hh]) : "memory");
+      }
+    }
+    wgmma::fence_proxy_async();
+    tma::named_barrier_sync(1 + warpgroup, 128);  // the warpgroup's dS^T rows complete
+
+    // dQ (kBlockM x kHeadDim) += dS K over this warpgroup's keys, 64 columns per pass.
+    float* dq_rows = ws.dq_accum + ((b * p.heads + h) * ws.m_pad + m0 + warp * 16) * kHeadDim;
+#pragma unroll
+    for (int pass = 0; pass < Traits::kDqPasses; ++pass) {
+      float dq[32];
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < Traits::kKeySlices; ++ks) {
+        const uint64_t a = wgmma::advance(ds_a, ks * 16 * kRowBytes);
+        const uint64_t bk = wgmma::advance(k_b, pass * kBlockN * kRowBytes + ks * 16 * kRowBytes);
+        if (ks == 0) {
+          wgmma::mma_m64n64k16_ss_tt<Element, false>(dq, a, bk);
+        } else {
+          wgmma::mma_m64n64k16_ss_tt<Element, true>(dq, a, bk);
+        }
+      }
+      wgmma::commit_group();
+      wgmma::wait_group<0>();
+      wgmma::fence_operands(dq);
+      // Accumulator 4 i + 2 hh + e: query row warp * 16 + g + 8 hh, dim 64 pass + 8 i + 2 t + e.
+      // Four consecutive dims per thread: even t takes row g, dims 2t..2t+3 (its own pair and
+      // t + 1's), odd t row g + 8, dims 2t-2..2t+1; one 16 B reduction each.
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const bool even = t % 2 == 0;
+        const float give0 = even ? dq[4 * i + 2] : dq[4 * i + 0];
+        const float give1 = even ? dq[4 * i + 3] : dq[4 * i + 1];
+        const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+        const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+        const float4 sum = even ? make_float4(dq[4 * i + 0], dq[4 * i + 1], got0, got1)
+                                : make_float4(got0, got1, dq[4 * i + 2], dq[4 * i + 3]);
+        const int row = even ? g : g + 8;
+        const int dim = 64 * pass + 8 * i + 2 * (t & ~1);
+        flash_bwd::reduce_add_16B(reinterpret_cast<float4*>(dq_rows + row * kHeadDim + dim), sum);
+      }
+    }
+    // P^T and dS^T were read by the dV and dK products until the wait above: kept live to here,
+    // so that no later value takes their registers while those products run.
+    wgmma::fence_operands(pt);
+    wgmma::fence_operands(dst);
+    wgmma::fence_operands(dv);
+    wgmma::fence_operands(dk);
+  }
+  mma::wait_copies<0>();  // with no step, K and V were loaded for nothing: never exit with copies in flight
+
+  // dK (scaled by softmax_scale) and dV from the accumulators: 4 B stores of two dims.
+  const float scale = static_cast<float>(p.softmax_scale);
+  Element* dk_out = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
+  Element* dv_out = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int64_t key = n0 + key_row + g + 8 * hh;
+    if (key < p.seqlen_k) {
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 8; ++i) {
+        const int dim = 8 * i + 2 * t;
+        *reinterpret_cast<uint32_t*>(dk_out + key * p.dk_row_stride + dim) =
+            pack_pair<Element>(dk[4 * i + 2 * hh] * scale, dk[4 * i + 2 * hh + 1] * scale);
+        *reinterpret_cast<uint32_t*>(dv_out + key * p.dv_row_stride + dim) =
+            pack_pair<Element>(dv[4 * i + 2 * hh], dv[4 * i + 2 * hh + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace flash_bwd_wgmma
+
+/// \brief The main wgmma backward kernel; grid (key blocks, batch * heads_kv folded over y and z).
+template <typename Element, int kHeadDim, bool kCausal>
+__global__ void __launch_bounds__(FlashBwdWgmmaTraits<Element, kHeadDim>::kThreads, 1)
+    flash_bwd_wgmma_kernel(const __grid_constant__ AttentionBackwardParams p, const FlashBwdWorkspace ws) {
+  flash_bwd_wgmma::backward_block<FlashBwdWgmmaTraits<Element, kHeadDim>, kCausal>(p, ws);
+}
+
+}  // namespace waveboost::cuda

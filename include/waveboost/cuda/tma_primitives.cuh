@@ -1,0 +1,84 @@
+// Hopper (sm_90a) asynchronous-copy and synchronization primitives in inline PTX: transaction
+// barriers (mbarrier), the tensor memory accelerator (TMA, cp.async.bulk.tensor), named
+// barriers and register reallocation between warpgroups (setmaxnreg). The vocabulary of the
+// warp-specialized wgmma forward (flash_wgmma_ws.cuh). Include only from translation units
+// compiled for sm_90a (src/cuda/sm90/).
+//
+// A transaction barrier in shared memory counts arrivals and, separately, bytes: a phase
+// completes when the expected number of threads has arrived and every byte announced with
+// expect_tx has been written by the copies that signal it (complete_tx). Waiters name the
+// parity of the phase they wait for; a freshly initialized barrier is in phase 0, and a wait
+// for parity 1 returns at once (the phase "before" it counts as complete), which is how a
+// producer starts on an empty ring without a special case.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap
+
+#include <cstdint>
+
+namespace waveboost::cuda::tma {
+
+__device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+
+// Makes barrier initializations visible to the async proxy (TMA signals them).
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// One arrival that also announces `bytes` to be written by copies signalling this barrier.
+__device__ __forceinline__ void arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Blocks until the phase of parity `parity` has completed.
+__device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// Loads the box at coordinates (c0, c1, c2, c3) of a 4-D tensor map into shared memory at
+// `dst` (the box's bytes, 128 B-swizzled if the map says so; elements outside the tensor are
+// zero) and signals `bar` with the box's byte count.
+__device__ __forceinline__ void load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                        int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// Brings a tensor map (a kernel parameter) into the descriptor cache ahead of its first use.
+__device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Barrier `id` (1..15; 0 is __syncthreads') among `threads` threads (a multiple of 32).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Register reallocation between warpgroups: every warp of the warpgroup executes it.
+template <int kRegisters>
+__device__ __forceinline__ void registers_grow() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void registers_shrink() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+}  // namespace waveboost::cuda::tma
