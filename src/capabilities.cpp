@@ -69,6 +69,8 @@ AttentionParams paged_probe(AttentionParams p) {
   return p;
 }
 
+constexpr DType kProbedDTypes[] = {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64};
+
 bool runs(const AttentionParams& p, Backend backend) { return can_implement(p, backend).ok(); }
 bool runs(const AttentionBackwardParams& p, Backend backend) { return can_implement(p, backend).ok(); }
 
@@ -92,27 +94,30 @@ std::vector<BackendCapabilities> capabilities(int device_id) {
     bool found = false, found_backward = false;
     DType base_dtype = DType::kFloat32, backward_dtype = DType::kFloat32;
     int64_t base_head_dim = 0, backward_head_dim = 0;
-    for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64}) {
+    bool forward_dtype[std::size(kProbedDTypes)] = {}, backward_dtype_runs[std::size(kProbedDTypes)] = {};
+    for (int64_t head_dim : kProbedHeadDims) {
       bool forward = false, backward = false;
-      for (int64_t head_dim : kProbedHeadDims) {
+      for (size_t i = 0; i < std::size(kProbedDTypes); ++i) {
+        const DType dtype = kProbedDTypes[i];
         const AttentionParams p = dense_probe(backend, dtype, head_dim, device_id);
         const Status s = can_implement(p, backend);
         if (!s.ok()) {
           if (first_refusal.empty()) first_refusal = s.message();
           continue;
         }
-        forward = true;
+        forward = forward_dtype[i] = true;
         if (!found) found = true, base_dtype = dtype, base_head_dim = head_dim;
-        bool listed = false;
-        for (int64_t d : c.head_dims) listed = listed || d == head_dim;
-        if (!listed) c.head_dims.push_back(head_dim);
         if (runs(backward_probe(p, false), backend)) {
-          backward = true;
+          backward = backward_dtype_runs[i] = true;
           if (!found_backward) found_backward = true, backward_dtype = dtype, backward_head_dim = head_dim;
         }
       }
-      if (forward) c.forward_dtypes.push_back(dtype);
-      if (backward) c.backward_dtypes.push_back(dtype);
+      if (forward) c.head_dims.push_back(head_dim);
+      if (backward) c.backward_head_dims.push_back(head_dim);
+    }
+    for (size_t i = 0; i < std::size(kProbedDTypes); ++i) {
+      if (forward_dtype[i]) c.forward_dtypes.push_back(kProbedDTypes[i]);
+      if (backward_dtype_runs[i]) c.backward_dtypes.push_back(kProbedDTypes[i]);
     }
     c.available = found;
     if (!found) {
@@ -120,11 +125,6 @@ std::vector<BackendCapabilities> capabilities(int device_id) {
       records.push_back(c);
       continue;
     }
-    std::vector<int64_t> sorted_dims;
-    for (int64_t d : kProbedHeadDims)
-      for (int64_t listed : c.head_dims)
-        if (listed == d) sorted_dims.push_back(d);
-    c.head_dims = sorted_dims;
     c.any_head_dim = c.head_dims.size() == std::size(kProbedHeadDims);
 
     const AttentionParams base = dense_probe(backend, base_dtype, base_head_dim, device_id);

@@ -51,6 +51,7 @@ def test_cpu_backend_record():
     assert cpu["forward_dtypes"] == ["float32", "float64"]
     assert cpu["backward_dtypes"] == ["float32", "float64"]
     assert cpu["any_head_dim"] and cpu["head_dims"] == list(_waveboost.probed_head_dims())
+    assert cpu["backward_head_dims"] == cpu["head_dims"]
     assert all(cpu[flag] for flag in FLAGS), cpu
 
 
@@ -69,9 +70,10 @@ def test_records_are_well_formed():
     for r in records:
         assert set(r) == keys, r["backend"]
         assert r["device"] in ("cpu", "cuda") and isinstance(r["requires"], str) and r["requires"]
-        assert set(r["head_dims"]) <= set(_waveboost.probed_head_dims())
+        assert set(r["head_dims"]) | set(r["backward_head_dims"]) <= set(_waveboost.probed_head_dims())
         if not r["available"]:
-            assert r["reason"] and not r["passes"] and not r["head_dims"] and not any(r[f] for f in FLAGS)
+            assert r["reason"] and not r["passes"] and not r["head_dims"] and not r["backward_head_dims"]
+            assert not any(r[f] for f in FLAGS)
     names = [r["backend"] for r in records]
     assert len(set(names)) == len(names) and "auto" not in names
     if not waveboost.info()["cuda_compiled"]:
@@ -139,13 +141,14 @@ def test_cuda_records_agree_with_resolve_backend():
                 dtype = getattr(torch, dtype_name)
                 q = torch.randn(2, 4, 4, head_dim, device="cuda", dtype=dtype)
                 k = torch.randn(2, 64, 4, head_dim, device="cuda", dtype=dtype)
+                # Every backend takes each listed dtype at each listed head dim (the lists are a product).
                 runs = r["available"] and dtype_name in r["forward_dtypes"] and head_dim in r["head_dims"]
                 if runs:
                     assert waveboost.resolve_backend(q, k, k, backend=r["backend"]) == r["backend"]
-                    assert waveboost.resolve_backend(q, k, k, causal=True, backend=r["backend"]) == r["backend"] \
-                        or not r["causal"]
+                    if r["causal"]:
+                        assert waveboost.resolve_backend(q, k, k, causal=True, backend=r["backend"]) == r["backend"]
                 else:
                     with pytest.raises(ValueError):
                         waveboost.resolve_backend(q, k, k, backend=r["backend"])
-                if runs and dtype_name in r["backward_dtypes"]:
+                if runs and dtype_name in r["backward_dtypes"] and head_dim in r["backward_head_dims"]:
                     assert waveboost.resolve_backend(q, k, k, backend=r["backend"], backward=True) == r["backend"]

@@ -238,6 +238,7 @@ struct BackendCapabilities {
   std::vector<DType> forward_dtypes;          // a dense forward passes at some probed head dim
   std::vector<DType> backward_dtypes;         // likewise the backward
   std::vector<int64_t> head_dims;             // probed head dims a forward passes at (some dtype)
+  std::vector<int64_t> backward_head_dims;    // likewise the backward
   bool any_head_dim = false;                  // every probed head dim passes (a generic path)
   bool causal = false, gqa = false, varlen = false, seqused = false, paged = false;
   bool deterministic_backward = false;

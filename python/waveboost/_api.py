@@ -473,9 +473,9 @@ def capabilities(device: int = 0) -> list:
     Keys: ``backend`` (a name ``backend=`` takes), ``device`` ("cpu" or "cuda"), ``requires``
     (in words), ``available`` (this machine can run it now; for CUDA backends on GPU ``device``)
     and ``reason`` (why not, else None), ``passes`` ("forward", "backward"), ``forward_dtypes``
-    and ``backward_dtypes``, ``head_dims`` (those of the probed set that run) and ``any_head_dim``,
-    and the flags ``causal``, ``gqa``, ``varlen``, ``seqused``, ``paged`` and
-    ``deterministic_backward``. The records come from each backend's own ``can_implement``, asked
+    and ``backward_dtypes``, ``head_dims`` and ``backward_head_dims`` (those of the probed set,
+    ``waveboost._waveboost.probed_head_dims()``, that run) and ``any_head_dim``, and the flags
+    ``causal``, ``gqa``, ``varlen``, ``seqused``, ``paged`` and ``deterministic_backward``. The records come from each backend's own ``can_implement``, asked
     about synthetic calls (nothing runs), so they agree with what a call does; a backend that is
     not available has nothing probed (empty lists, false flags).
     """

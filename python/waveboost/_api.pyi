@@ -32,6 +32,7 @@ class Capability(TypedDict):
     forward_dtypes: list[Literal["float16", "bfloat16", "float32", "float64"]]
     backward_dtypes: list[Literal["float16", "bfloat16", "float32", "float64"]]
     head_dims: list[int]
+    backward_head_dims: list[int]
     any_head_dim: bool
     causal: bool
     gqa: bool

@@ -223,6 +223,7 @@ NB_MODULE(_waveboost, m) {
           r["forward_dtypes"] = dtype_names(c.forward_dtypes);
           r["backward_dtypes"] = dtype_names(c.backward_dtypes);
           r["head_dims"] = c.head_dims;
+          r["backward_head_dims"] = c.backward_head_dims;
           r["any_head_dim"] = c.any_head_dim;
           r["causal"] = c.causal;
           r["gqa"] = c.gqa;
