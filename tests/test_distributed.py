@@ -148,3 +148,52 @@ def test_jax_ring_attention_on_host_devices(world):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this torch build")
+def test_ring_overlaps_transfers_and_sends_only_kv_heads(tmp_path):
+    """Every attention call of the ring but the last step's runs with the next K/V block in flight;
+    in the backward, the K/V block and the previous block's gradient travel under each step's
+    gradients. Only the KV heads travel (GQA), and "auto" gathers for few KV heads, else rings."""
+    if not hasattr(waveboost, "attention_backward"):
+        pytest.skip("the ring's backward needs waveboost.attention_backward")
+    import torch.multiprocessing as mp
+
+    sys.path.insert(0, TESTS)
+    import _ring_worker
+
+    world = 2
+    mp.start_processes(_ring_worker.run_schedule, args=(world, _free_port(), str(tmp_path)), nprocs=world,
+                       join=True, start_method="spawn")
+    for rank in range(world):
+        logs = json.load(open(tmp_path / f"schedule{rank}.json"))
+        log = logs["ring_gqa"]
+        split = log.index(["forward done"])
+        forward, backward = log[:split], log[split + 1:]
+        kv_shape = [2, 1, 8, 1, 16]  # (k and v, batch, local seqlen, 1 KV head, head dim)
+        assert [e[1] for e in forward if e[0] == "attend"] == [[0]] * (world - 1) + [[]]
+        assert [e[1] for e in backward if e[0] == "backward"] == \
+            [[0]] + [[0, 1]] * (world - 2) + [[1]]
+        shifts = [e for e in log if e[0] == "shift"]
+        assert [e for e in shifts if e[1] == 0] == [["shift", 0, kv_shape, "torch.float32"]] * (2 * (world - 1))
+        assert [e for e in shifts if e[1] == 1] == [["shift", 1, kv_shape, "torch.float32"]] * world
+        gathered = [e for e in logs["auto_gqa"] if e[0] == "gather"]
+        assert gathered and all(e[1] == [1, 8, 1, 16] for e in gathered)
+        assert not any(e[0] == "shift" for e in logs["auto_gqa"])
+        assert any(e[0] == "shift" for e in logs["auto_mha"])
+        assert not any(e[0] == "gather" for e in logs["auto_mha"])
+
+
+def test_auto_strategy_by_volume():
+    from waveboost.distributed import _resolve_strategy
+
+    # All-gather while every rank's K/V together fit in this rank's q and out: world * Lk * Hkv <= Lq * H.
+    assert _resolve_strategy("auto", 2, 1024, 1024, 32, 8) == "allgather"
+    assert _resolve_strategy("auto", 4, 1024, 1024, 32, 8) == "allgather"
+    assert _resolve_strategy("auto", 8, 1024, 1024, 32, 8) == "ring"
+    assert _resolve_strategy("auto", 2, 1024, 1024, 32, 32) == "ring"
+    assert _resolve_strategy("auto", 2, 1024, 4096, 32, 8) == "ring"  # longer K/V shards than Q
+    for strategy in ("ring", "allgather"):
+        assert _resolve_strategy(strategy, 8, 1024, 1024, 32, 1) == strategy
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        _resolve_strategy("tree", 2, 8, 8, 4, 4)
