@@ -224,13 +224,18 @@ def test_distributed_bench_end_to_end(tmp_path):
     for r in ours:
         assert r["status"] == "ok", r
         assert r["world"] == "2" and r["backend"] == "gloo"
-        for name in ("time_ms", "fastest_rank_ms", "compute_only_ms", "comm_only_ms", "one_device_ms"):
+        for name in ("time_ms", "fastest_rank_ms", "compute_only_ms", "comm_only_ms", "one_device_ms", "comm_gbps"):
             assert float(r[name]) > 0, (name, r)
         assert float(r["fastest_rank_ms"]) <= float(r["time_ms"])
         assert 0.0 <= float(r["hidden_comm"]) <= 1.0, r
         assert float(r["scaling"]) == pytest.approx(float(r["one_device_ms"]) / float(r["time_ms"]) / 2, rel=1e-4)
         assert 0.0 <= float(r["rel_err"]) <= 1e-4
         assert int(r["calls"]) >= 3
+        # One rank receives the other's K and V shards (32 rows, 2 KV heads, head dim 16, float32) per pass
+        # through them; the ring's backward sends their gradients 2 hops (home again), the reduce-scatter 1.
+        kv_mb = 2 * 32 * 2 * 16 * 4 / 2**20
+        passes = 1 if r["pass"] == "fwd" else (4 if r["strategy"] == "ring" else 3)
+        assert float(r["comm_mb_per_rank"]) == pytest.approx(kv_mb * passes, rel=1e-4)
     # The peer: PyTorch's context_parallel runs where SDPA's CUDA kernels do; here it says why not.
     peers = [r for r in rows if r["impl"] == "torch_cp"]
     assert len(peers) == 2 * 2 * 2 and all(r["status"] in ("ok", "skipped") for r in peers)

@@ -15,6 +15,9 @@ gives one row per implementation:
 - hidden_comm = (compute_only + comm_only - time) / comm_only, clipped to [0, 1]: the share of
   the communication time that the call hides under compute (1: all of it; 0: none, or
   overheads beyond both).
+- comm_mb_per_rank: the bytes each rank receives in a call (K/V blocks, and in the backward the
+  K/V again and the float32 K/V gradients: ring hops, or all-gathers and a reduce-scatter);
+  comm_gbps = comm_mb_per_rank / comm_only_ms, the bandwidth the transfers reached.
 - one_device_ms: waveboost.attention on the whole sequence, rank 0 alone (the other ranks idle),
   same pass; speedup = one_device / time; scaling = speedup / N (1.0 = ideal).
 - the torch_cp rows: PyTorch's context_parallel around SDPA (its ring over SDPA's CUDA kernels;
@@ -44,7 +47,7 @@ PROG = "python -m waveboost.bench --distributed N"
 COLUMNS = ["seqlen", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "world", "backend", "impl",
            "layout", "strategy", "pass", "status", "reason", "rel_err", "calls", "time_ms", "fastest_rank_ms",
            "compute_only_ms", "comm_only_ms", "hidden_comm", "one_device_ms", "speedup", "scaling",
-           "tflops_per_rank"]
+           "tflops_per_rank", "comm_mb_per_rank", "comm_gbps"]
 DEFAULTS = {  # per device: a grid that fills the device in minutes
     "cuda": {"seqlens": "32768,65536,131072", "batch": 1, "heads": "32", "kv_heads": "8", "head_dims": "128",
              "dtype": "bfloat16", "repeats": 10, "budget_ms": 2000.0},
@@ -185,6 +188,17 @@ def _flops(seqlen: int, batch: int, heads: int, head_dim: int, causal: bool, bac
     return fwd * (3.5 if backward else 1.0)  # backward: 2.5x the forward's matmuls
 
 
+def _comm_bytes(strategy: str, backward: bool, world: int, kv_shard_elems: int, elem: int, acc_elem: int) -> int:
+    """Bytes one rank receives in a call: K and V shards of the other ranks (ring: world - 1 hops;
+    all-gather: the same shards at once); the backward sends them again and the float32 K/V
+    gradients (ring: world hops; all-gather: a reduce-scatter of the full gradients)."""
+    kv = 2 * kv_shard_elems
+    total = (world - 1) * kv * elem
+    if backward:
+        total += (world - 1) * kv * elem + (world if strategy == "ring" else world - 1) * kv * acc_elem
+    return total
+
+
 def _hidden(total: float, compute: float, comm: float):
     if not comm > 0:
         return None
@@ -306,13 +320,15 @@ def main(argv: list[str] | None = None) -> int:
                 "speedup": "one_device_ms / time_ms (one device: waveboost.attention on the whole sequence, "
                            "rank 0 alone)",
                 "scaling": "speedup / world (1.0 = ideal)",
+                "comm_gbps": "bytes one rank receives in a call (K/V blocks; backward: again, and their float32 "
+                             "gradients) / comm_only time",
                 "tflops_per_rank": "attention FLOPs of the whole sequence (causal: half; backward 2.5x the "
                                    "forward's) / world / time"},
             "torch_cp": torch_cp_missing or "available"}
     rows: list[dict] = []
     if rank == 0:
         print(f"{name} x {world} ranks ({dist.get_backend()}); waveboost {waveboost.__version__}, torch "
-              f"{torch.__version__}" + (f", CPU path with {os.environ.get('WAVEBOOST_NUM_THREADS')} threads per rank"
+              f"{torch.__version__}" + (f", CPU path threads per rank: {os.environ.get('WAVEBOOST_NUM_THREADS')}"
                                         if kind == "cpu" else ""), flush=True)
         for key, text in meta["definitions"].items():
             print(f"  {key} = {text}", flush=True)
@@ -392,6 +408,10 @@ def _run_shape(bench, wd, waveboost, base, dtype, layouts, strategies, passes, p
         if compute is not None:
             row["compute_only_ms"], row["comm_only_ms"] = compute, comm
             row["hidden_comm"] = _hidden(row["time_ms"], compute, comm)
+            nbytes = _comm_bytes(row["strategy"].split(":")[-1], pas == "fwdbwd", world, B * (L // world) * HK * D,
+                                 q.element_size(), 8 if dtype == torch.float64 else 4)
+            row["comm_mb_per_rank"] = nbytes / 2**20
+            row["comm_gbps"] = nbytes / (comm * 1e-3) / 1e9 if comm > 0 else None
         emit(row)
 
     for layout in layouts:
@@ -508,7 +528,7 @@ def _fmt(value, spec: str = ".4g") -> str:
 
 
 _TABLE = [("seqlen", 8), ("H/Hkv", 6), ("D", 4), ("causal", 6), ("layout", 10), ("strategy", 14), ("impl", 9),
-          ("pass", 6), ("status", 7), ("time_ms", 10), ("compute", 10), ("comm", 10), ("hidden", 7),
+          ("pass", 6), ("status", 7), ("time_ms", 10), ("compute", 10), ("comm", 10), ("hidden", 7), ("GB/s", 7),
           ("1dev_ms", 10), ("scaling", 7), ("rel_err", 8)]
 
 
@@ -517,9 +537,9 @@ def _line(row: dict | None) -> str:
         return " ".join(f"{name:>{width}}" for name, width in _TABLE)
     cells = [row["seqlen"], f"{row['heads']}/{row['kv_heads']}", row["head_dim"], int(row["causal"]), row["layout"],
              row["strategy"], row["impl"], row["pass"], row["status"], row.get("time_ms"),
-             row.get("compute_only_ms"), row.get("comm_only_ms"), row.get("hidden_comm"), row.get("one_device_ms"),
+             row.get("compute_only_ms"), row.get("comm_only_ms"), row.get("hidden_comm"), row.get("comm_gbps"), row.get("one_device_ms"),
              row.get("scaling"), row.get("rel_err")]
-    specs = {12: ".2f", 14: ".3f", 15: ".2g"}
+    specs = {12: ".2f", 13: ".3g", 15: ".3f", 16: ".2g"}
     text = " ".join(f"{_fmt(c, specs.get(i, '.4g')):>{w}}" for i, (c, (_, w)) in enumerate(zip(cells, _TABLE)))
     if row["status"] == "skipped":
         text += "  (why: above)"
