@@ -11,8 +11,9 @@
 #   bench  seqlens ${SEQLENS:-32768,65536,131072}: both layouts, ring and allgather, forward and
 #          forward+backward, compute/communication split, torch_cp                       -> .../context-parallel/
 #   long   seqlens ${LONG_SEQLENS:-262144}, zigzag only, no compute split             -> .../context-parallel/long/
-# Each benchmark step stops after BENCH_TIMEOUT seconds (default 420); its CSV keeps every row measured by then.
-# Under a 10-minute limit per command run it in two: STEPS="build test bench", then STEPS="long" (same machine).
+# Each benchmark step stops after BENCH_TIMEOUT seconds (default 330); its CSV keeps every row measured by then.
+# Under a 10-minute limit per command run it in two: STEPS="build test bench", then STEPS="long" (STEPS="build long"
+# if the machine was given back in between).
 # Other settings: NPROC (ranks; default every GPU), CUDAARCHS (default 90).
 #
 # Results and logs: benchmarks/results/<device>-<YYYYMMDD>/context-parallel/, copied to $OUT when it is set.
@@ -58,10 +59,10 @@ fi
 bench() {  # $1: output folder, then benchmark options
   local dir="$1"; shift
   mkdir -p "$dir"
-  timeout --kill-after=30 "${BENCH_TIMEOUT:-420}" \
+  timeout --kill-after=30 "${BENCH_TIMEOUT:-330}" \
     $python -m waveboost.bench --distributed "$nproc" --device cuda --out "$dir" "$@" 2>&1 | tee "$dir/bench.log"
   local rc=${PIPESTATUS[0]}
-  (( rc == 124 )) && echo "benchmark stopped after ${BENCH_TIMEOUT:-420} s; the rows measured are in $dir"
+  (( rc == 124 )) && echo "benchmark stopped after ${BENCH_TIMEOUT:-330} s; the rows measured are in $dir"
   (( rc == 0 )) || status=1
 }
 
