@@ -39,6 +39,8 @@ def run(rank: int, world: int, port: int, out_dir: str, with_backward: bool, bac
     import waveboost
     from waveboost.distributed import ring_attention, shard_sequence, unshard_sequence
 
+    if backend == "gloo" and with_backward:
+        record_schedule(rank, out_dir)
     results = []
     dtypes = (torch.float64, torch.float32) if device == "cpu" else (torch.bfloat16, torch.float16)
     head_dim = 16 if device == "cpu" else 128
@@ -102,14 +104,10 @@ def run(rank: int, world: int, port: int, out_dir: str, with_backward: bool, bac
     dist.destroy_process_group()
 
 
-def run_schedule(rank: int, world: int, port: int, out_dir: str) -> None:
+def record_schedule(rank: int, out_dir: str) -> None:
     """Records the order of transfers and attention calls of ring_attention (forward and backward)
     through instrumented communication: which transfers are in flight during each call, what
-    travels (shapes, dtypes), and which strategy "auto" took."""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
+    travels (shapes, dtypes), and which strategy "auto" took. To schedule{rank}.json."""
     import waveboost.distributed as wd
 
     log, in_flight, counter = [], set(), [0]
@@ -146,20 +144,22 @@ def run_schedule(rank: int, world: int, port: int, out_dir: str) -> None:
         log.append(["backward", sorted({tag for tag, _ in in_flight})])
         return backward_call(*args)
 
+    original = wd._Ring, wd._attend, wd._backward_call
     wd._Ring, wd._attend, wd._backward_call = Logged, logged_attend, logged_backward
     results = {}
     gen = torch.Generator().manual_seed(5)
-    for name, heads, heads_kv, strategy in (("ring_gqa", 4, 1, "ring"), ("auto_gqa", 4, 1, "auto"),
-                                            ("auto_mha", 4, 4, "auto")):
-        log.clear()
-        q = torch.randn(1, 8, heads, 16, generator=gen, dtype=torch.float32, requires_grad=True)
-        k = torch.randn(1, 8, heads_kv, 16, generator=gen, dtype=torch.float32, requires_grad=True)
-        v = torch.randn(1, 8, heads_kv, 16, generator=gen, dtype=torch.float32, requires_grad=True)
-        out = wd.ring_attention(q, k, v, causal=False, strategy=strategy)
-        log.append(["forward done"])
-        out.sum().backward()
-        results[name] = list(log)
+    try:
+        for name, heads, heads_kv, strategy in (("ring_gqa", 4, 1, "ring"), ("auto_gqa", 8, 1, "auto"),
+                                                ("auto_mha", 4, 4, "auto")):
+            log.clear()
+            q = torch.randn(1, 8, heads, 16, generator=gen, dtype=torch.float32, requires_grad=True)
+            k = torch.randn(1, 8, heads_kv, 16, generator=gen, dtype=torch.float32, requires_grad=True)
+            v = torch.randn(1, 8, heads_kv, 16, generator=gen, dtype=torch.float32, requires_grad=True)
+            out = wd.ring_attention(q, k, v, causal=False, strategy=strategy)
+            log.append(["forward done"])
+            out.sum().backward()
+            results[name] = list(log)
+    finally:
+        wd._Ring, wd._attend, wd._backward_call = original
     with open(os.path.join(out_dir, f"schedule{rank}.json"), "w") as f:
         json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
