@@ -175,6 +175,31 @@ def check_schedule(world: int, tmp_path) -> None:
         assert not any(e[0] == "gather" for e in logs["auto_mha"])
 
 
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this torch build")
+def test_ring_attention_on_one_rank(tmp_path):
+    """A group of one rank: the ring's shifts (forward and backward) send nothing; the result is one call's."""
+    from waveboost.distributed import ring_attention
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        gen = torch.Generator().manual_seed(3)
+        q, k, v = (torch.randn(2, 8, h, 16, generator=gen, dtype=torch.float64) for h in (4, 2, 2))
+        expected = waveboost.attention(q, k, v, causal=True)
+        for strategy in ("ring", "allgather"):
+            leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+            out = ring_attention(*leaves, causal=True, strategy=strategy)
+            assert (out - expected).abs().max().item() < 1e-6
+            if hasattr(waveboost, "attention_backward"):
+                out.sum().backward()
+                ref = [x.clone().requires_grad_(True) for x in (q, k, v)]
+                waveboost.attention(*ref, causal=True).sum().backward()
+                for mine, theirs in zip(leaves, ref):
+                    assert (mine.grad - theirs.grad).abs().max().item() < 1e-6
+    finally:
+        dist.destroy_process_group()
+
+
 def test_auto_strategy_by_volume():
     from waveboost.distributed import _resolve_strategy
 

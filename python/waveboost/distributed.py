@@ -153,7 +153,10 @@ class _Ring:
 
     def shift(self, tensor: torch.Tensor, tag: int = 0):
         """Starts sending ``tensor`` to the next rank and receiving the previous rank's into a new buffer.
-        Transfers in flight at once carry distinct tags (gloo matches a receive by peer and tag)."""
+        Transfers in flight at once carry distinct tags (gloo matches a receive by peer and tag).
+        On one rank the tensor is its own neighbour's: nothing to send."""
+        if self.world == 1:
+            return tensor, []
         buffer = torch.empty_like(tensor)
         ops = [dist.P2POp(dist.isend, tensor, self.next, self.group, tag),
                dist.P2POp(dist.irecv, buffer, self.prev, self.group, tag)]
