@@ -39,6 +39,8 @@ def run(rank: int, world: int, port: int, out_dir: str, with_backward: bool, bac
     import waveboost
     from waveboost.distributed import ring_attention, shard_sequence, unshard_sequence
 
+    if backend == "gloo" and with_backward:
+        record_schedule(rank, out_dir)
     results = []
     dtypes = (torch.float64, torch.float32) if device == "cpu" else (torch.bfloat16, torch.float16)
     head_dim = 16 if device == "cpu" else 128
@@ -100,3 +102,64 @@ def run(rank: int, world: int, port: int, out_dir: str, with_backward: bool, bac
         json.dump(results, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def record_schedule(rank: int, out_dir: str) -> None:
+    """Records the order of transfers and attention calls of ring_attention (forward and backward)
+    through instrumented communication: which transfers are in flight during each call, what
+    travels (shapes, dtypes), and which strategy "auto" took. To schedule{rank}.json."""
+    import waveboost.distributed as wd
+
+    log, in_flight, counter = [], set(), [0]
+
+    class Requests:
+        def __init__(self, requests, key):
+            self.requests, self.key = requests, key
+
+        def wait(self):
+            for request in self.requests:
+                request.wait()
+            in_flight.discard(self.key)
+
+    class Logged(wd._Ring):
+        def shift(self, tensor, tag=0):
+            buffer, requests = super().shift(tensor, tag)
+            counter[0] += 1
+            key = (tag, counter[0])
+            in_flight.add(key)
+            log.append(["shift", tag, list(tensor.shape), str(tensor.dtype)])
+            return buffer, [Requests(requests, key)]
+
+        def all_gather_sequence(self, x, layout):
+            log.append(["gather", list(x.shape), str(x.dtype)])
+            return super().all_gather_sequence(x, layout)
+
+    attend, backward_call = wd._attend, wd._backward_call
+
+    def logged_attend(*args):
+        log.append(["attend", sorted({tag for tag, _ in in_flight})])
+        return attend(*args)
+
+    def logged_backward(*args):
+        log.append(["backward", sorted({tag for tag, _ in in_flight})])
+        return backward_call(*args)
+
+    original = wd._Ring, wd._attend, wd._backward_call
+    wd._Ring, wd._attend, wd._backward_call = Logged, logged_attend, logged_backward
+    results = {}
+    gen = torch.Generator().manual_seed(5)
+    try:
+        for name, heads, heads_kv, strategy in (("ring_gqa", 4, 1, "ring"), ("auto_gqa", 8, 1, "auto"),
+                                                ("auto_mha", 4, 4, "auto")):
+            log.clear()
+            q = torch.randn(1, 8, heads, 16, generator=gen, dtype=torch.float32, requires_grad=True)
+            k = torch.randn(1, 8, heads_kv, 16, generator=gen, dtype=torch.float32, requires_grad=True)
+            v = torch.randn(1, 8, heads_kv, 16, generator=gen, dtype=torch.float32, requires_grad=True)
+            out = wd.ring_attention(q, k, v, causal=False, strategy=strategy)
+            log.append(["forward done"])
+            out.sum().backward()
+            results[name] = list(log)
+    finally:
+        wd._Ring, wd._attend, wd._backward_call = original
+    with open(os.path.join(out_dir, f"schedule{rank}.json"), "w") as f:
+        json.dump(results, f)

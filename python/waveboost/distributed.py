@@ -10,8 +10,20 @@ Two ways to see every key:
   step are merged exactly through the LSE in float32.
 - ``strategy="allgather"``: the K/V shards are gathered once (as Llama 3's context parallelism
   does) and each rank attends over the full keys. It moves the same bytes per rank as the ring but
-  in one collective; it pays off when K/V are small against Q (few KV heads).
-- ``strategy="auto"`` takes ``allgather`` when heads // heads_kv >= 4, else ``ring``.
+  in one collective, not hidden under compute, and holds every rank's K/V at once; it pays off
+  when K/V are small against Q (few KV heads).
+- ``strategy="auto"`` takes ``allgather`` when the gathered K/V of all ranks are no larger than
+  this rank's queries and output (``world * local_seqlen_k * heads_kv <= local_seqlen * heads``,
+  e.g. 8 KV heads of 32 on up to 4 ranks), so that its extra memory stays within the local
+  sequence's, else ``ring``.
+
+Overlap. Every transfer is started before the attention of the block in hand and waited for
+after it. On CUDA, NCCL runs point-to-point transfers on its own stream, which waits for the
+work queued before the transfer and is waited for by the compute stream only where the received
+block is used: the transfer of the next K/V block runs under the attention of the current one,
+and in the backward the gradient of one block travels while the next block's gradients are
+computed. Waiting blocks no host thread on CUDA. Only the K/V heads travel (GQA/MQA send
+``heads_kv`` heads, never K/V repeated to the query heads).
 
 Layouts. With ``layout="contiguous"`` rank r holds chunk r of N equal chunks. Causal attention
 then gives the last rank N times the work of the first; ``layout="zigzag"`` splits the sequence
@@ -129,7 +141,8 @@ def _merge_into(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor,
 
 
 class _Ring:
-    """Neighbours of this rank in ``group`` and a helper for one send-to-next / receive-from-previous."""
+    """This rank's place in ``group`` and its transfers: a send-to-next / receive-from-previous
+    shift for the ring, and the all-gather and reduce of the all-gather strategy."""
 
     def __init__(self, group):
         self.group = group
@@ -140,11 +153,34 @@ class _Ring:
 
     def shift(self, tensor: torch.Tensor, tag: int = 0):
         """Starts sending ``tensor`` to the next rank and receiving the previous rank's into a new buffer.
-        Transfers in flight at once carry distinct tags (gloo matches a receive by peer and tag)."""
+        Transfers in flight at once carry distinct tags (gloo matches a receive by peer and tag).
+        On one rank the tensor is its own neighbour's: nothing to send."""
+        if self.world == 1:
+            return tensor, []
         buffer = torch.empty_like(tensor)
         ops = [dist.P2POp(dist.isend, tensor, self.next, self.group, tag),
                dist.P2POp(dist.irecv, buffer, self.prev, self.group, tag)]
         return buffer, dist.batch_isend_irecv(ops)
+
+    def all_gather_sequence(self, x: torch.Tensor, layout: str) -> torch.Tensor:
+        return _all_gather_sequence(x, self.group, layout)
+
+    def reduce_to_owners(self, full: torch.Tensor, layout: str) -> torch.Tensor:
+        return _reduce_to_owners(full, self.group, layout)
+
+
+class _NoTransfers(_Ring):
+    """The same rank and world, no transfers: every "received" block is this rank's own (same
+    shapes, same attention calls and merges). What the ring costs when communication is free."""
+
+    def shift(self, tensor: torch.Tensor, tag: int = 0):
+        return tensor, []
+
+    def all_gather_sequence(self, x: torch.Tensor, layout: str) -> torch.Tensor:
+        return torch.cat([x] * self.world, dim=1)
+
+    def reduce_to_owners(self, full: torch.Tensor, layout: str) -> torch.Tensor:
+        return shard_sequence(full, self.rank, self.world, layout=layout)
 
 
 def _wait(requests) -> None:
@@ -174,6 +210,42 @@ def _reduce_to_owners(full: torch.Tensor, group, layout: str) -> torch.Tensor:
     return stacked.chunk(world, dim=1)[rank]
 
 
+def _transfers_only(k: torch.Tensor, v: torch.Tensor, strategy: str, layout: str, backward: bool, comm: _Ring) -> None:
+    """The transfers of one call (and of its backward) without any attention: the ring's shifts
+    in the same order and overlap, or the all-gathers and reduces. Sets the time of communication
+    alone against compute alone (``_NoTransfers``)."""
+    if strategy == "allgather":
+        for _ in range(2 if backward else 1):
+            comm.all_gather_sequence(k, layout)
+            comm.all_gather_sequence(v, layout)
+        if backward:
+            full = torch.zeros((k.shape[0], k.shape[1] * comm.world) + tuple(k.shape[2:]), dtype=_accumulator(k),
+                               device=k.device)
+            comm.reduce_to_owners(full, layout)
+            comm.reduce_to_owners(full, layout)
+        return
+    kv = torch.stack((k, v)).contiguous()
+    for _ in range(comm.world - 1):
+        kv, requests = comm.shift(kv)
+        _wait(requests)
+    if not backward:
+        return
+    kv = torch.stack((k, v)).contiguous()
+    dkv = torch.zeros(kv.shape, dtype=_accumulator(k), device=k.device)
+    dkv_in_flight = None
+    for step in range(comm.world):  # the schedule of _ring_backward
+        if step + 1 < comm.world:
+            incoming, kv_requests = comm.shift(kv)
+        if dkv_in_flight is not None:
+            dkv, dkv_requests = dkv_in_flight
+            _wait(dkv_requests)
+        dkv_in_flight = comm.shift(dkv, tag=1)
+        if step + 1 < comm.world:
+            _wait(kv_requests)
+            kv = incoming
+    _wait(dkv_in_flight[1])
+
+
 # ---------------------------------------------------------------------------
 # Forward and backward
 # ---------------------------------------------------------------------------
@@ -201,12 +273,11 @@ def _ring_forward(q, k, v, causal, scale, layout, ring: _Ring):
     return acc_out.to(q.dtype), acc_lse
 
 
-def _allgather_forward(q, k, v, causal, scale, layout, group):
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    k_full = _all_gather_sequence(k, group, layout)
-    v_full = _all_gather_sequence(v, group, layout)
+def _allgather_forward(q, k, v, causal, scale, layout, comm: _Ring):
+    k_full = comm.all_gather_sequence(k, layout)
+    v_full = comm.all_gather_sequence(v, layout)
     outs, lses = [], []
-    for rows, prefix, is_causal in _allgather_plan(rank, world, q.shape[1], causal, layout):
+    for rows, prefix, is_causal in _allgather_plan(comm.rank, comm.world, q.shape[1], causal, layout):
         keys = slice(0, prefix if prefix is not None else k_full.shape[1])
         out, lse = _attend(q[:, rows], k_full[:, keys], v_full[:, keys], is_causal, scale)
         outs.append(out)
@@ -220,82 +291,92 @@ def _backward_call(dout, q, k, v, out, lse, dlse, causal, scale):
 
 def _ring_backward(dout, dlse, q, k, v, out, lse, causal, scale, layout, ring: _Ring):
     """Gradients through the ring: with the merged out and lse, the gradient of each step's block
-    is the single-call backward of that block (its P is exp(S - lse) with the global lse)."""
+    is the single-call backward of that block (its P is exp(S - lse) with the global lse).
+
+    The gradient of the shard in hand follows the shard around the ring: at each step this rank
+    computes its part of it, adds what the previous holders accumulated (received meanwhile) and
+    sends the sum on, under the next step's compute. After the last step one more hop takes every
+    gradient home."""
     local_q, local_k = q.shape[1], k.shape[1]
     dq = torch.zeros(q.shape, dtype=_accumulator(q), device=q.device)
     kv = torch.stack((k, v)).contiguous()
-    dkv = torch.zeros(kv.shape, dtype=_accumulator(q), device=q.device)
+    dkv_in_flight = None
     for step in range(ring.world):
         if step + 1 < ring.world:
             incoming, kv_requests = ring.shift(kv)
         src = (ring.rank - step) % ring.world
+        dkv = torch.zeros(kv.shape, dtype=_accumulator(q), device=q.device)
         for rows, keys, is_causal in _step_plan(ring.rank, src, local_q, local_k, causal, layout):
             grads = _backward_call(dout[:, rows], q[:, rows], kv[0][:, keys], kv[1][:, keys], out[:, rows],
                                    lse[:, :, rows], None if dlse is None else dlse[:, :, rows], is_causal, scale)
             dq[:, rows] += grads[0].to(dq.dtype)
             dkv[0][:, keys] += grads[1].to(dq.dtype)
             dkv[1][:, keys] += grads[2].to(dq.dtype)
-        # The gradient of the shard in hand follows it to the next rank; after the last step it
-        # has visited every rank and one more hop takes it home.
-        dkv, dkv_requests = ring.shift(dkv, tag=1)
-        _wait(dkv_requests)
+        if dkv_in_flight is not None:  # the previous holders' part of this shard's gradient
+            received, dkv_requests = dkv_in_flight
+            _wait(dkv_requests)
+            dkv += received
+        dkv_in_flight = ring.shift(dkv, tag=1)
         if step + 1 < ring.world:
             _wait(kv_requests)
             kv = incoming
+    dkv, dkv_requests = dkv_in_flight
+    _wait(dkv_requests)
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
-def _allgather_backward(dout, dlse, q, k, v, out, lse, causal, scale, layout, group):
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    k_full = _all_gather_sequence(k, group, layout)
-    v_full = _all_gather_sequence(v, group, layout)
+def _allgather_backward(dout, dlse, q, k, v, out, lse, causal, scale, layout, comm: _Ring):
+    k_full = comm.all_gather_sequence(k, layout)
+    v_full = comm.all_gather_sequence(v, layout)
     dq = torch.zeros(q.shape, dtype=_accumulator(q), device=q.device)
     dk_full = torch.zeros(k_full.shape, dtype=_accumulator(q), device=q.device)
     dv_full = torch.zeros(v_full.shape, dtype=_accumulator(q), device=q.device)
-    for rows, prefix, is_causal in _allgather_plan(rank, world, q.shape[1], causal, layout):
+    for rows, prefix, is_causal in _allgather_plan(comm.rank, comm.world, q.shape[1], causal, layout):
         keys = slice(0, prefix if prefix is not None else k_full.shape[1])
         grads = _backward_call(dout[:, rows], q[:, rows], k_full[:, keys], v_full[:, keys], out[:, rows],
                                lse[:, :, rows], None if dlse is None else dlse[:, :, rows], is_causal, scale)
         dq[:, rows] += grads[0].to(dq.dtype)
         dk_full[:, keys] += grads[1].to(dq.dtype)
         dv_full[:, keys] += grads[2].to(dq.dtype)
-    dk = _reduce_to_owners(dk_full, group, layout)
-    dv = _reduce_to_owners(dv_full, group, layout)
+    dk = comm.reduce_to_owners(dk_full, layout)
+    dv = comm.reduce_to_owners(dv_full, layout)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, layout, strategy, group):
+    def forward(ctx, q, k, v, causal, scale, layout, strategy, comm):
         if strategy == "ring":
-            out, lse = _ring_forward(q, k, v, causal, scale, layout, _Ring(group))
+            out, lse = _ring_forward(q, k, v, causal, scale, layout, comm)
         else:
-            out, lse = _allgather_forward(q, k, v, causal, scale, layout, group)
+            out, lse = _allgather_forward(q, k, v, causal, scale, layout, comm)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.config = (causal, scale, layout, strategy, group)
+        ctx.config = (causal, scale, layout, strategy, comm)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        causal, scale, layout, strategy, group = ctx.config
+        causal, scale, layout, strategy, comm = ctx.config
         if dout is None:
             dout = torch.zeros_like(out)
         dout = dout.contiguous() if dout.stride(-1) != 1 else dout
         if strategy == "ring":
-            dq, dk, dv = _ring_backward(dout, dlse, q, k, v, out, lse, causal, scale, layout, _Ring(group))
+            dq, dk, dv = _ring_backward(dout, dlse, q, k, v, out, lse, causal, scale, layout, comm)
         else:
-            dq, dk, dv = _allgather_backward(dout, dlse, q, k, v, out, lse, causal, scale, layout, group)
+            dq, dk, dv = _allgather_backward(dout, dlse, q, k, v, out, lse, causal, scale, layout, comm)
         return dq, dk, dv, None, None, None, None, None
 
 
-def _resolve_strategy(strategy: str, heads: int, heads_kv: int) -> str:
+def _resolve_strategy(strategy: str, world: int, local_q: int, local_k: int, heads: int, heads_kv: int) -> str:
+    """"auto": all-gather when every rank's K/V together are no larger than this rank's queries
+    and output (so the gathered buffer stays within the local sequence's memory), else the ring."""
     if not isinstance(strategy, str) or strategy not in RING_STRATEGIES:
         raise ValueError(f"strategy must be one of {RING_STRATEGIES}; got {strategy!r}")
     if strategy != "auto":
         return strategy
-    return "allgather" if heads // max(heads_kv, 1) >= 4 else "ring"
+    return "allgather" if world * local_k * heads_kv <= local_q * heads else "ring"
 
 
 def ring_attention(
@@ -347,6 +428,7 @@ def ring_attention(
     if causal and q.shape[1] % _layout.chunks_per_rank(layout) != 0:
         raise ValueError(f"layout 'zigzag' holds two chunks per rank: the local sequence length must be even; "
                          f"got {q.shape[1]}")
-    strategy = _resolve_strategy(strategy, q.shape[2], k.shape[2])
-    out, lse = _RingAttention.apply(q, k, v, causal, softmax_scale, layout, strategy, group)
+    comm = _Ring(group)
+    strategy = _resolve_strategy(strategy, comm.world, q.shape[1], k.shape[1], q.shape[2], k.shape[2])
+    out, lse = _RingAttention.apply(q, k, v, causal, softmax_scale, layout, strategy, comm)
     return (out, lse) if return_lse else out

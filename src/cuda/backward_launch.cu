@@ -139,22 +139,40 @@ Status naive_backward(const AttentionBackwardParams& p, void* stream) {
 // mma
 // ---------------------------------------------------------------------------
 
-Status mma_can_implement_backward(const AttentionBackwardParams& p) {
+// The checks the flash backwards share: CUDA tensors, fp16/bf16, head_dim 64 or 128, 16 B pieces.
+Status flash_backward_checks(const AttentionBackwardParams& p, const std::string& backend) {
   if (p.device_type != DeviceType::kCUDA) {
-    return Status::NotSupported("backend 'mma' runs on CUDA devices; got tensors on the CPU");
+    return Status::NotSupported("backend '" + backend + "' runs on CUDA devices; got tensors on the CPU");
   }
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
-    return Status::NotSupported(std::string("backend 'mma' (backward) supports float16 and bfloat16; got ") +
+    return Status::NotSupported("backend '" + backend + "' (backward) supports float16 and bfloat16; got " +
                                 dtype_name(p.dtype));
   }
   if (p.head_dim != 64 && p.head_dim != 128) {
-    return Status::NotSupported("backend 'mma' (backward) supports head_dim 64 and 128; got " +
+    return Status::NotSupported("backend '" + backend + "' (backward) supports head_dim 64 and 128; got " +
                                 std::to_string(p.head_dim));
   }
   if (!backward_vector_friendly(p)) {
-    return Status::NotSupported("backend 'mma' (backward) needs 16-byte aligned q/k/v/out/dout/dq/dk/dv with strides "
-                                "that are multiples of 8 elements");
+    return Status::NotSupported("backend '" + backend + "' (backward) needs 16-byte aligned q/k/v/out/dout/dq/dk/dv "
+                                "with strides that are multiples of 8 elements");
   }
+  return Status::Ok();
+}
+
+// Ok, or why a block of smem_bytes of shared memory does not fit device p.device_id.
+Status backward_smem_fits(const AttentionBackwardParams& p, const std::string& backend, int smem_bytes) {
+  int smem_optin = 0;
+  if (Status s = max_shared_memory_per_block(p.device_id, &smem_optin); !s.ok()) return s;
+  if (smem_bytes > smem_optin) {
+    return Status::NotSupported("backend '" + backend + "' (backward) needs " + std::to_string(smem_bytes) +
+                                " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
+                                "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
+  }
+  return Status::Ok();
+}
+
+Status mma_can_implement_backward(const AttentionBackwardParams& p) {
+  if (Status s = flash_backward_checks(p, "mma"); !s.ok()) return s;
   int cc = 0;
   if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
   if (cc < 80) {
@@ -162,57 +180,44 @@ Status mma_can_implement_backward(const AttentionBackwardParams& p) {
                                 std::to_string(p.device_id) + " has " + cc_string(cc));
   }
   const int64_t block_n = flash_bwd_mma_block_n(p.head_dim);
-  const int64_t bhk = p.batch * p.heads_kv;
-  if ((p.seqlen_k + block_n - 1) / block_n > INT32_MAX || bhk > int64_t{65535} * 65535) {
-    return Status::NotSupported("backend 'mma' (backward) supports batch * heads_kv up to 4294836225 and "
-                                "ceil(seqlen_k / " + std::to_string(block_n) + ") up to 2147483647; got " +
-                                std::to_string(bhk) + " and seqlen_k " + std::to_string(p.seqlen_k));
-  }
+  dim3 grid;
+  if (Status s = backward_grid(p, block_n, "mma", &grid); !s.ok()) return s;
   if (p.deterministic && (p.seqlen_k + block_n - 1) / block_n > INT32_MAX / 2) {
     // the semaphores count key blocks in int
     return Status::NotSupported("backend 'mma' (backward, deterministic) supports ceil(seqlen_k / " +
                                 std::to_string(block_n) + ") up to 1073741823; got seqlen_k " +
                                 std::to_string(p.seqlen_k));
   }
-  int smem_optin = 0;
-  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
-  const int smem_bytes = flash_bwd_mma_smem_bytes(p.head_dim);
-  if (smem_bytes > smem_optin) {
-    return Status::NotSupported("backend 'mma' (backward) needs " + std::to_string(smem_bytes) +
-                                " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
-                                "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
-  }
-  return Status::Ok();
+  return backward_smem_fits(p, "mma", flash_bwd_mma_smem_bytes(p.head_dim));
 }
 
-Status mma_backward(const AttentionBackwardParams& p, void* stream) {
+// Runs launch(p, workspace, stream) of a flash backward over a pool workspace of the mma
+// backward's layout (flash_bwd_mma_workspace_bytes), freed on the stream afterwards.
+template <typename Launch>
+Status run_flash_backward(const AttentionBackwardParams& p, void* stream, const char* what, Launch launch) {
   if (p.batch == 0 || p.heads == 0) return Status::Ok();
   DeviceGuard guard(p.device_id);
   if (!guard.status().ok()) return guard.status();
   const auto s = static_cast<cudaStream_t>(stream);
   int64_t m_pad = 0;
-  const size_t bytes = flash_bwd_mma_workspace_bytes(p, &m_pad);
-  PoolWorkspace workspace(p.device_id, bytes, s, "mma backward workspace");
+  PoolWorkspace workspace(p.device_id, flash_bwd_mma_workspace_bytes(p, &m_pad), s, what);
   if (!workspace.status().ok()) return workspace.status();
-  Status status;
-  const auto unsupported = [&] {
-    return Status::NotSupported(std::string("backend 'mma' (backward) supports float16 and bfloat16 with head_dim 64 "
-                                            "and 128; got ") + dtype_name(p.dtype) + " with head_dim " +
-                                std::to_string(p.head_dim));
-  };
-  if (p.dtype == DType::kFloat16 && p.head_dim == 64) {
-    status = launch_flash_bwd_mma<__half, 64>(p, workspace.get(), s);
-  } else if (p.dtype == DType::kFloat16 && p.head_dim == 128) {
-    status = launch_flash_bwd_mma<__half, 128>(p, workspace.get(), s);
-  } else if (p.dtype == DType::kBFloat16 && p.head_dim == 64) {
-    status = launch_flash_bwd_mma<__nv_bfloat16, 64>(p, workspace.get(), s);
-  } else if (p.dtype == DType::kBFloat16 && p.head_dim == 128) {
-    status = launch_flash_bwd_mma<__nv_bfloat16, 128>(p, workspace.get(), s);
-  } else {
-    status = unsupported();
-  }
+  const Status status = launch(p, workspace.get(), s);
   const Status freed = workspace.release();
   return status.ok() ? freed : status;
+}
+
+Status mma_backward(const AttentionBackwardParams& p, void* stream) {
+  return run_flash_backward(p, stream, "mma backward workspace", [](const AttentionBackwardParams& q, void* ws,
+                                                                    cudaStream_t s) -> Status {
+    if (q.dtype == DType::kFloat16 && q.head_dim == 64) return launch_flash_bwd_mma<__half, 64>(q, ws, s);
+    if (q.dtype == DType::kFloat16 && q.head_dim == 128) return launch_flash_bwd_mma<__half, 128>(q, ws, s);
+    if (q.dtype == DType::kBFloat16 && q.head_dim == 64) return launch_flash_bwd_mma<__nv_bfloat16, 64>(q, ws, s);
+    if (q.dtype == DType::kBFloat16 && q.head_dim == 128) return launch_flash_bwd_mma<__nv_bfloat16, 128>(q, ws, s);
+    return Status::NotSupported(std::string("backend 'mma' (backward) supports float16 and bfloat16 with head_dim 64 "
+                                            "and 128; got ") + dtype_name(q.dtype) + " with head_dim " +
+                                std::to_string(q.head_dim));
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -223,25 +228,12 @@ Status mma_backward(const AttentionBackwardParams& p, void* stream) {
 // Defined in src/cuda/sm90/flash_bwd_wgmma.cu.
 Status launch_flash_bwd_wgmma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream);
 int flash_bwd_wgmma_smem_bytes(int64_t head_dim);
+int64_t flash_bwd_wgmma_block_n();
 
 Status wgmma_can_implement_backward(const AttentionBackwardParams& p) {
-  if (p.device_type != DeviceType::kCUDA) {
-    return Status::NotSupported("backend 'wgmma' runs on CUDA devices; got tensors on the CPU");
-  }
-  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
-    return Status::NotSupported(std::string("backend 'wgmma' (backward) supports float16 and bfloat16; got ") +
-                                dtype_name(p.dtype));
-  }
-  if (p.head_dim != 64 && p.head_dim != 128) {
-    return Status::NotSupported("backend 'wgmma' (backward) supports head_dim 64 and 128; got " +
-                                std::to_string(p.head_dim));
-  }
+  if (Status s = flash_backward_checks(p, "wgmma"); !s.ok()) return s;
   if (p.deterministic) {
     return Status::NotSupported("backend 'wgmma' (backward) adds dQ with atomics: deterministic=True runs on 'mma'");
-  }
-  if (!backward_vector_friendly(p)) {
-    return Status::NotSupported("backend 'wgmma' (backward) needs 16-byte aligned q/k/v/out/dout/dq/dk/dv with "
-                                "strides that are multiples of 8 elements");
   }
   int cc = 0;
   if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
@@ -249,29 +241,13 @@ Status wgmma_can_implement_backward(const AttentionBackwardParams& p) {
     return Status::NotSupported("backend 'wgmma' runs on compute capability 9.0 (Hopper) only; device " +
                                 std::to_string(p.device_id) + " has " + cc_string(cc));
   }
-  int smem_optin = 0;
-  if (Status s = max_shared_memory_per_block(p.device_id, &smem_optin); !s.ok()) return s;
-  const int smem_bytes = flash_bwd_wgmma_smem_bytes(p.head_dim);
-  if (smem_bytes > smem_optin) {
-    return Status::NotSupported("backend 'wgmma' (backward) needs " + std::to_string(smem_bytes) +
-                                " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
-                                "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
-  }
-  return Status::Ok();
+  dim3 grid;
+  if (Status s = backward_grid(p, flash_bwd_wgmma_block_n(), "wgmma", &grid); !s.ok()) return s;
+  return backward_smem_fits(p, "wgmma", flash_bwd_wgmma_smem_bytes(p.head_dim));
 }
 
 Status wgmma_backward(const AttentionBackwardParams& p, void* stream) {
-  if (p.batch == 0 || p.heads == 0) return Status::Ok();
-  DeviceGuard guard(p.device_id);
-  if (!guard.status().ok()) return guard.status();
-  const auto s = static_cast<cudaStream_t>(stream);
-  int64_t m_pad = 0;
-  const size_t bytes = flash_bwd_mma_workspace_bytes(p, &m_pad);
-  PoolWorkspace workspace(p.device_id, bytes, s, "wgmma backward workspace");
-  if (!workspace.status().ok()) return workspace.status();
-  const Status status = launch_flash_bwd_wgmma(p, workspace.get(), s);
-  const Status freed = workspace.release();
-  return status.ok() ? freed : status;
+  return run_flash_backward(p, stream, "wgmma backward workspace", launch_flash_bwd_wgmma);
 }
 
 #else  // no sm_90a objects in this build

@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "waveboost/cuda/common.cuh"
+#include "waveboost/cuda/core/backward.cuh"
 #include "waveboost/cuda/mma_primitives.cuh"
 
 namespace waveboost::cuda {
@@ -82,16 +83,6 @@ struct FlashBwdMmaTraits {
   static_assert(sizeof(Element) == 2, "16-bit elements");
   static_assert(kWarps % kDqWarpsM == 0 && kDqTilesPerWarp % kDqTilesPerPass == 0 && kDqTilesPerPass % 2 == 0);
   static_assert(kBlockM / kChunk >= 8 && kHeadDim / kChunk >= 8, "the swizzle needs rows of >= 8 chunks");
-};
-
-/// \brief The backward's fp32 workspace, [batch * heads][m_pad] rows (m_pad: seqlen_q rounded
-/// up to kBlockM).
-struct FlashBwdWorkspace {
-  float* dq_accum = nullptr;  // [batch * heads][m_pad][head_dim]
-  float* lse_log2 = nullptr;  // [batch * heads][m_pad]: lse * log2(e); -inf lse and padding: +inf
-  float* d_rows = nullptr;    // [batch * heads][m_pad]: rowsum(dO * O) - dlse; padding: 0
-  int* semaphores = nullptr;  // deterministic only: [batch * heads][m_pad / kBlockM], zeroed
-  int64_t m_pad = 0;
 };
 
 namespace flash_bwd {
@@ -194,20 +185,6 @@ __global__ void convert_dq_kernel(const __grid_constant__ AttentionBackwardParam
   }
 }
 
-// *at += x, atomically per element (a 16 B vector reduction on sm_90).
-__device__ __forceinline__ void reduce_add_16B(float4* at, float4 x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(at), "f"(x.x), "f"(x.y), "f"(x.z), "f"(x.w)
-               : "memory");
-#else
-  float* p = reinterpret_cast<float*>(at);
-  atomicAdd(p, x.x);
-  atomicAdd(p + 1, x.y);
-  atomicAdd(p + 2, x.z);
-  atomicAdd(p + 3, x.w);
-#endif
-}
-
 // The semaphore of one (batch * head, query block) for the deterministic dQ: one thread acquires
 // it at gpu scope, and the block barrier orders every thread's reads of dQ after that acquire.
 __device__ __forceinline__ void wait_for_turn(const int* semaphore, int turn) {
@@ -248,54 +225,30 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const int g = lane / 4;
   const int t = lane % 4;
 
-  const int64_t bhk = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
-  if (bhk >= p.batch * p.heads_kv) return;
-  const int64_t b = bhk / p.heads_kv;
-  const int64_t h_kv = bhk % p.heads_kv;
-  const int64_t group = p.heads / p.heads_kv;
   // Key block. Deterministic and causal, the blocks launch last key block first (see the dQ turn below).
   const int64_t n_block = kDeterministic && kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int64_t n0 = n_block * kBlockN;
-  const int64_t causal_offset = p.seqlen_k - p.seqlen_q;
+  BackwardBlock blk;
+  if (!locate_backward_block<kCausal>(p, n_block, kBlockN, kBlockM, blk)) return;
+  const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
 
-  // Query blocks this key block is seen by: all, or (causal) from the one holding the first
-  // row that sees key n0.
-  const int64_t m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const int64_t m_begin = kCausal ? (n0 - causal_offset > 0 ? (n0 - causal_offset) / kBlockM : 0) : 0;
-  const int64_t m_count = m_blocks > m_begin ? m_blocks - m_begin : 0;
-  const int64_t steps = group * m_count;
-
-  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride +
-                     n0 * p.k_row_stride;
-  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride +
-                     n0 * p.v_row_stride;
+  const Element* k = blk.k_rows<Element>(p);
+  const Element* v = blk.v_rows<Element>(p);
   load_rows<kBlockN, kHeadDim, kThreads>(k_tile, k, p.k_row_stride, p.seqlen_k - n0);
   load_rows<kBlockN, kHeadDim, kThreads>(v_tile, v, p.v_row_stride, p.seqlen_k - n0);
 
-  // Step s: query head h_kv * group + s / m_count, query block m_begin + s % m_count.
-  const auto step_head = [&](int64_t s) { return h_kv * group + s / m_count; };
-  const auto step_block = [&](int64_t s) { return m_begin + s % m_count; };
   const auto issue_step = [&](int64_t s, int buf) {
-    const int64_t h = step_head(s);
-    const int64_t m0 = step_block(s) * kBlockM;
-    const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
-                       m0 * p.q_row_stride;
-    const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride +
-                          m0 * p.do_row_stride;
+    const int64_t h = blk.head(s);
+    const int64_t m0 = blk.m_block(s) * kBlockM;
+    const Element* q = blk.q_rows<Element>(p, h, m0);
+    const Element* dout = blk.dout_rows<Element>(p, h, m0);
     load_rows<kBlockM, kHeadDim, kThreads>(base + Traits::kQOffset + buf * Traits::kQTileBytes, q, p.q_row_stride,
                                            p.seqlen_q - m0);
     load_rows<kBlockM, kHeadDim, kThreads>(base + Traits::kDoOffset + buf * Traits::kQTileBytes, dout,
                                            p.do_row_stride, p.seqlen_q - m0);
-    constexpr int kRowChunks = kBlockM / 4;  // 16 B chunks of one row vector
-    static_assert(2 * kRowChunks <= kThreads);
-    const int64_t row0 = (b * p.heads + h) * ws.m_pad + m0;
-    if (threadIdx.x < 2 * kRowChunks) {
-      const int c = threadIdx.x % kRowChunks;
-      const bool is_lse = threadIdx.x < kRowChunks;
-      const float* src = (is_lse ? ws.lse_log2 : ws.d_rows) + row0 + 4 * c;
-      const uint32_t dst = base + (is_lse ? Traits::kLseOffset : Traits::kDOffset) + buf * Traits::kRowBytes + 16 * c;
-      mma::copy_async_16B(dst, src, true);
-    }
+    static_assert(kBlockM / 2 <= kThreads);
+    copy_step_vectors<kBlockM>(ws, blk.workspace_row(p, ws.m_pad, h, m0),
+                               base + Traits::kLseOffset + buf * Traits::kRowBytes,
+                               base + Traits::kDOffset + buf * Traits::kRowBytes);
   };
 
   if (steps > 0) issue_step(0, 0);
@@ -337,8 +290,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     }
     __syncthreads();  // step s's tiles visible to every warp; every warp is done with dS^T of step s - 1
 
-    const int64_t h = step_head(s);
-    const int64_t m_index = step_block(s);
+    const int64_t h = blk.head(s);
+    const int64_t m_index = blk.m_block(s);
     const int64_t m0 = m_index * kBlockM;
     const float* lse_row = lse_smem + buf * kBlockM;
     const float* d_row = d_smem + buf * kBlockM;
@@ -365,21 +318,14 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       }
     }
 
-    // Keys past the sequence and (causal) keys a query does not see get P = 0; padded query
-    // rows have lse * log2(e) = +inf, so P = 0 there without a test.
-    const bool masked = n0 + kBlockN > p.seqlen_k || (kCausal && n0 + kBlockN - 1 > m0 + causal_offset);
+    const bool masked = backward_tile_masked<kCausal>(p, blk, kBlockN, m0);
 #pragma unroll
     for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = 8 * nt + 2 * t + e % 2;
-        float prob = mma::exp2(st[nt][e] * scale_log2 - lse_row[col]);
-        if (masked) {
-          const int64_t key = n0 + key_row + g + 8 * (e / 2);
-          const bool visible = key < p.seqlen_k && (!kCausal || key <= m0 + col + causal_offset);
-          prob = visible ? prob : 0.f;
-        }
-        st[nt][e] = prob;
+        st[nt][e] = backward_probability<kCausal>(st[nt][e], scale_log2, lse_row[col], masked,
+                                                  n0 + key_row + g + 8 * (e / 2), m0 + col, p, causal_offset);
       }
     }
 
@@ -440,8 +386,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     __syncthreads();  // dS^T complete
 
     // dQ (kBlockM x kHeadDim) += dS K: this warp's 16 query rows x kDqTilesPerWarp n8 tiles of dims.
-    float* dq_rows = ws.dq_accum + ((b * p.heads + h) * ws.m_pad + m0 + 16 * dq_m) * kHeadDim;
-    int* semaphore = kDeterministic ? ws.semaphores + (b * p.heads + h) * (ws.m_pad / kBlockM) + m_index : nullptr;
+    float* dq_rows = ws.dq_accum + (blk.workspace_row(p, ws.m_pad, h, m0) + 16 * dq_m) * kHeadDim;
+    int* semaphore = kDeterministic ? ws.semaphores + blk.workspace_row(p, ws.m_pad, h, m0) / kBlockM : nullptr;
     if constexpr (kDeterministic) {
       // The fixed order of the key blocks adding into query block m. Non-causal: ascending, every
       // block visits the query blocks in the same order, so block n waits for block n - 1 (launched
@@ -474,25 +420,18 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
           mma::mma_16x8x16<Element>(dq[2 * dp + 1], a_ds, b_k[2], b_k[3]);
         }
       }
-      // Four consecutive dims per thread: even t takes row g, dims 2t..2t+3 (its own pair and
-      // t + 1's), odd t row g + 8, dims 2t-2..2t+1; one 16 B reduction each.
+      // One 16 B reduction of four consecutive dims per thread (dq_quad).
 #pragma unroll
       for (int dt = 0; dt < Traits::kDqTilesPerPass; ++dt) {
-        const bool even = t % 2 == 0;
-        const float give0 = even ? dq[dt][2] : dq[dt][0];
-        const float give1 = even ? dq[dt][3] : dq[dt][1];
-        const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
-        const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-        const float4 sum = even ? make_float4(dq[dt][0], dq[dt][1], got0, got1)
-                                : make_float4(got0, got1, dq[dt][2], dq[dt][3]);
-        const int row = even ? g : g + 8;
-        const int dim = (dq_tile0 + pass * Traits::kDqTilesPerPass + dt) * 8 + 2 * (t & ~1);
-        float4* at = reinterpret_cast<float4*>(dq_rows + row * kHeadDim + dim);
+        const DqQuad quad = dq_quad(dq[dt][0], dq[dt][1], dq[dt][2], dq[dt][3], g, t);
+        const int dim = (dq_tile0 + pass * Traits::kDqTilesPerPass + dt) * 8 + quad.col;
+        float4* at = reinterpret_cast<float4*>(dq_rows + quad.row * kHeadDim + dim);
         if constexpr (kDeterministic) {
           const float4 old = __ldcg(at);
+          const float4 sum = quad.sum;
           __stcg(at, make_float4(old.x + sum.x, old.y + sum.y, old.z + sum.z, old.w + sum.w));
         } else {
-          reduce_add_16B(at, sum);
+          reduce_add_16B(at, quad.sum);
         }
       }
     }
@@ -500,24 +439,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   }
   mma::wait_copies<0>();  // with no step, K and V were loaded for nothing: never exit with copies in flight
 
-  // dK (scaled by softmax_scale) and dV straight from the accumulators: 4 B stores of two dims.
-  const float scale = static_cast<float>(p.softmax_scale);
-  Element* dk_out = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
-  Element* dv_out = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t key = n0 + key_row + g + 8 * half;
-    if (key < p.seqlen_k) {
-#pragma unroll
-      for (int dt = 0; dt < Traits::kDimTiles; ++dt) {
-        const int dim = 8 * dt + 2 * t;
-        *reinterpret_cast<uint32_t*>(dk_out + key * p.dk_row_stride + dim) =
-            pack_pair<Element>(dk[dt][2 * half] * scale, dk[dt][2 * half + 1] * scale);
-        *reinterpret_cast<uint32_t*>(dv_out + key * p.dv_row_stride + dim) =
-            pack_pair<Element>(dv[dt][2 * half], dv[dt][2 * half + 1]);
-      }
-    }
-  }
+  store_key_rows<Element, Traits::kDimTiles>(p, blk, n0 + key_row, g, t, [&](int i, int j) { return dk[i][j]; },
+                                             [&](int i, int j) { return dv[i][j]; });
 }
 
 }  // namespace flash_bwd
@@ -586,18 +509,10 @@ extern template Status launch_flash_bwd_mma<__nv_bfloat16, 128>(const AttentionB
 template <typename Element, int kHeadDim, int kWarps, bool kCausal, bool kDeterministic>
 Status launch_flash_bwd_mma_main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, cudaStream_t stream) {
   using Traits = FlashBwdMmaTraits<Element, kHeadDim, kWarps>;
-  constexpr int64_t kMaxGridYZ = 65535;
-  const int64_t bhk = p.batch * p.heads_kv;
-  const int64_t grid_x = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-  const int64_t grid_y = bhk < kMaxGridYZ ? bhk : kMaxGridYZ;
-  const int64_t grid_z = (bhk + grid_y - 1) / grid_y;
-  if (grid_x > INT32_MAX || grid_z > kMaxGridYZ) {
-    return Status::NotSupported("backend 'mma' (backward) supports batch * heads_kv up to 4294836225 and "
-                                "ceil(seqlen_k / " + std::to_string(Traits::kBlockN) + ") up to 2147483647");
-  }
+  dim3 grid;
+  if (Status s = backward_grid(p, Traits::kBlockN, "mma", &grid); !s.ok()) return s;
   const auto kernel = flash_bwd_mma_kernel<Element, kHeadDim, kWarps, kCausal, kDeterministic>;
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y), static_cast<unsigned>(grid_z));
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, ws);
   return cuda_status(cudaGetLastError(), "flash_bwd_mma_kernel launch");
 }
@@ -612,20 +527,22 @@ Status launch_flash_bwd_mma_main(const AttentionBackwardParams& p, const FlashBw
                          : launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, false, false>(p, ws, stream);
 }
 
-template <typename Element, int kHeadDim>
-Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
-  using Traits = FlashBwdMmaTraits<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>;
+/// \brief Every flash backward's launch sequence over `workspace` (flash_bwd_mma_workspace_bytes):
+/// preprocess (D, lse * log2(e), zeroed dQ accumulator; deterministic: zeroed semaphores), the
+/// main kernel (`main(ws)` returning Status, skipped without keys), and the dQ conversion.
+template <typename Element, int kHeadDim, int kBlockM, typename MainLaunch>
+Status launch_flash_backward(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream, MainLaunch main) {
   constexpr int64_t kMaxGrid = 1 << 20;  // grid-stride kernels: enough blocks to fill any GPU
   FlashBwdWorkspace ws;
   flash_bwd_mma_workspace_bytes(p, &ws.m_pad);
+  static_assert(kBlockM == FlashBwdMmaTraitsFor<kHeadDim>::kBlockM, "the workspace's row padding");
   const int64_t rows = p.batch * p.heads * ws.m_pad;
   ws.dq_accum = static_cast<float*>(workspace);
   ws.lse_log2 = ws.dq_accum + rows * kHeadDim;
   ws.d_rows = ws.lse_log2 + rows;
   if (p.deterministic) {
     ws.semaphores = reinterpret_cast<int*>(ws.d_rows + rows);
-    WAVEBOOST_CUDA_RETURN(cudaMemsetAsync(ws.semaphores, 0, static_cast<size_t>(rows / Traits::kBlockM) * sizeof(int),
-                                          stream));
+    WAVEBOOST_CUDA_RETURN(cudaMemsetAsync(ws.semaphores, 0, static_cast<size_t>(rows / kBlockM) * sizeof(int), stream));
   }
   if (rows > 0) {
     const auto grid = static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, kMaxGrid));
@@ -633,9 +550,7 @@ Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, c
     WAVEBOOST_CUDA_RETURN(cudaGetLastError());
   }
   if (p.seqlen_k > 0) {
-    if (Status s = launch_flash_bwd_mma_main<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>(p, ws, stream); !s.ok()) {
-      return s;
-    }
+    if (Status s = main(ws); !s.ok()) return s;
   }
   const int64_t chunks = p.batch * p.heads * p.seqlen_q * (kHeadDim / 8);
   if (chunks > 0) {
@@ -644,6 +559,14 @@ Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, c
     WAVEBOOST_CUDA_RETURN(cudaGetLastError());
   }
   return Status::Ok();
+}
+
+template <typename Element, int kHeadDim>
+Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
+  using Traits = FlashBwdMmaTraits<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>;
+  return launch_flash_backward<Element, kHeadDim, Traits::kBlockM>(p, workspace, stream, [&](const FlashBwdWorkspace& ws) {
+    return launch_flash_bwd_mma_main<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>(p, ws, stream);
+  });
 }
 
 }  // namespace waveboost::cuda

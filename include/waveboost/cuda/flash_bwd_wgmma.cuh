@@ -171,49 +171,28 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const int g = lane / 4;
   const int t = lane % 4;
 
-  const int64_t bhk = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
-  if (bhk >= p.batch * p.heads_kv) return;
-  const int64_t b = bhk / p.heads_kv;
-  const int64_t h_kv = bhk % p.heads_kv;
-  const int64_t group = p.heads / p.heads_kv;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBlockN;
-  const int64_t causal_offset = p.seqlen_k - p.seqlen_q;
+  BackwardBlock blk;
+  if (!locate_backward_block<kCausal>(p, blockIdx.x, kBlockN, kBlockM, blk)) return;
+  const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
 
-  const int64_t m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const int64_t m_begin = kCausal ? (n0 - causal_offset > 0 ? (n0 - causal_offset) / kBlockM : 0) : 0;
-  const int64_t m_count = m_blocks > m_begin ? m_blocks - m_begin : 0;
-  const int64_t steps = group * m_count;
-
-  const Element* k = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride +
-                     n0 * p.k_row_stride;
-  const Element* v = static_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride +
-                     n0 * p.v_row_stride;
+  const Element* k = blk.k_rows<Element>(p);
+  const Element* v = blk.v_rows<Element>(p);
   flash_wgmma::load_tile<Traits, kBlockN, true>(k_tile, k, p.k_row_stride, p.seqlen_k - n0);
   flash_wgmma::load_tile<Traits, kBlockN, true>(v_tile, v, p.v_row_stride, p.seqlen_k - n0);
 
-  const auto step_head = [&](int64_t s) { return h_kv * group + s / m_count; };
-  const auto step_block = [&](int64_t s) { return m_begin + s % m_count; };
   const auto issue_step = [&](int64_t s, int buf) {
-    const int64_t h = step_head(s);
-    const int64_t m0 = step_block(s) * kBlockM;
-    const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
-                       m0 * p.q_row_stride;
-    const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride +
-                          m0 * p.do_row_stride;
+    const int64_t h = blk.head(s);
+    const int64_t m0 = blk.m_block(s) * kBlockM;
+    const Element* q = blk.q_rows<Element>(p, h, m0);
+    const Element* dout = blk.dout_rows<Element>(p, h, m0);
     flash_wgmma::load_tile<Traits, kBlockM, true>(base + Traits::kQOffset + buf * Traits::kQTileBytes, q,
                                                   p.q_row_stride, p.seqlen_q - m0);
     flash_wgmma::load_tile<Traits, kBlockM, true>(base + Traits::kDoOffset + buf * Traits::kQTileBytes, dout,
                                                   p.do_row_stride, p.seqlen_q - m0);
-    constexpr int kVecChunks = kBlockM / 4;  // 16 B chunks of one row vector
-    static_assert(2 * kVecChunks <= Traits::kThreads);
-    const int64_t row0 = (b * p.heads + h) * ws.m_pad + m0;
-    if (threadIdx.x < 2 * kVecChunks) {
-      const int c = threadIdx.x % kVecChunks;
-      const bool is_lse = threadIdx.x < kVecChunks;
-      const float* src = (is_lse ? ws.lse_log2 : ws.d_rows) + row0 + 4 * c;
-      const uint32_t dst = base + (is_lse ? Traits::kLseOffset : Traits::kDOffset) + buf * Traits::kVecBytes + 16 * c;
-      mma::copy_async_16B(dst, src, true);
-    }
+    static_assert(kBlockM / 2 <= Traits::kThreads);
+    copy_step_vectors<kBlockM>(ws, blk.workspace_row(p, ws.m_pad, h, m0),
+                               base + Traits::kLseOffset + buf * Traits::kVecBytes,
+                               base + Traits::kDOffset + buf * Traits::kVecBytes);
   };
 
   if (steps > 0) issue_step(0, 0);
@@ -248,8 +227,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     if (s + 1 < steps) issue_step(s + 1, buf ^ 1);  // the other buffers: last read in step s - 1
     mma::commit_copies();
 
-    const int64_t h = step_head(s);
-    const int64_t m0 = step_block(s) * kBlockM;
+    const int64_t h = blk.head(s);
+    const int64_t m0 = blk.m_block(s) * kBlockM;
     const float* lse_row = lse_smem + buf * kBlockM;
     const float* d_row = d_smem + buf * kBlockM;
     const uint32_t q_tile = base + Traits::kQOffset + buf * Traits::kQTileBytes;
@@ -281,20 +260,15 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     wgmma::fence_operands(st);
     wgmma::fence_operands(dpt);
 
-    // P^T in place: keys past the sequence and (causal) keys a query does not see get 0; padded
-    // query rows have lse * log2(e) = +inf, so P = 0 there without a test. Then dS^T.
-    const bool masked = n0 + kBlockN > p.seqlen_k || (kCausal && n0 + kBlockN - 1 > m0 + causal_offset);
+    // P^T in place, then dS^T.
+    const bool masked = backward_tile_masked<kCausal>(p, blk, kBlockN, m0);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int col = 8 * i + 2 * t + (j % 2);
-        float prob = mma::exp2(st[4 * i + j] * scale_log2 - lse_row[col]);
-        if (masked) {
-          const int64_t key = n0 + key_row + g + 8 * (j / 2);
-          const bool visible = key < p.seqlen_k && (!kCausal || key <= m0 + col + causal_offset);
-          prob = visible ? prob : 0.f;
-        }
+        const float prob = backward_probability<kCausal>(st[4 * i + j], scale_log2, lse_row[col], masked,
+                                                         n0 + key_row + g + 8 * (j / 2), m0 + col, p, causal_offset);
         st[4 * i + j] = prob;
         dpt[4 * i + j] = prob * (dpt[4 * i + j] - d_row[col]);
       }
@@ -337,7 +311,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     tma::named_barrier_sync(1 + warpgroup, 128);  // the warpgroup's dS^T rows complete
 
     // dQ (kBlockM x kHeadDim) += dS K over this warpgroup's keys, 64 columns per pass.
-    float* dq_rows = ws.dq_accum + ((b * p.heads + h) * ws.m_pad + m0 + warp * 16) * kHeadDim;
+    float* dq_rows = ws.dq_accum + (blk.workspace_row(p, ws.m_pad, h, m0) + warp * 16) * kHeadDim;
 #pragma unroll
     for (int pass = 0; pass < Traits::kDqPasses; ++pass) {
       float dq[32];
@@ -355,21 +329,13 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       wgmma::commit_group();
       wgmma::wait_group<0>();
       wgmma::fence_operands(dq);
-      // Accumulator 4 i + 2 hh + e: query row warp * 16 + g + 8 hh, dim 64 pass + 8 i + 2 t + e.
-      // Four consecutive dims per thread: even t takes row g, dims 2t..2t+3 (its own pair and
-      // t + 1's), odd t row g + 8, dims 2t-2..2t+1; one 16 B reduction each.
+      // Accumulator 4 i + 2 hh + e: query row warp * 16 + g + 8 hh, dim 64 pass + 8 i + 2 t + e;
+      // one 16 B reduction of four consecutive dims per thread (dq_quad).
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const bool even = t % 2 == 0;
-        const float give0 = even ? dq[4 * i + 2] : dq[4 * i + 0];
-        const float give1 = even ? dq[4 * i + 3] : dq[4 * i + 1];
-        const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
-        const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-        const float4 sum = even ? make_float4(dq[4 * i + 0], dq[4 * i + 1], got0, got1)
-                                : make_float4(got0, got1, dq[4 * i + 2], dq[4 * i + 3]);
-        const int row = even ? g : g + 8;
-        const int dim = 64 * pass + 8 * i + 2 * (t & ~1);
-        flash_bwd::reduce_add_16B(reinterpret_cast<float4*>(dq_rows + row * kHeadDim + dim), sum);
+        const DqQuad quad = dq_quad(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3], g, t);
+        reduce_add_16B(reinterpret_cast<float4*>(dq_rows + quad.row * kHeadDim + 64 * pass + 8 * i + quad.col),
+                       quad.sum);
       }
     }
     // P^T and dS^T were read by the dV and dK products until the wait above: kept live to here,
@@ -381,24 +347,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   }
   mma::wait_copies<0>();  // with no step, K and V were loaded for nothing: never exit with copies in flight
 
-  // dK (scaled by softmax_scale) and dV from the accumulators: 4 B stores of two dims.
-  const float scale = static_cast<float>(p.softmax_scale);
-  Element* dk_out = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
-  Element* dv_out = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int64_t key = n0 + key_row + g + 8 * hh;
-    if (key < p.seqlen_k) {
-#pragma unroll
-      for (int i = 0; i < kHeadDim / 8; ++i) {
-        const int dim = 8 * i + 2 * t;
-        *reinterpret_cast<uint32_t*>(dk_out + key * p.dk_row_stride + dim) =
-            pack_pair<Element>(dk[4 * i + 2 * hh] * scale, dk[4 * i + 2 * hh + 1] * scale);
-        *reinterpret_cast<uint32_t*>(dv_out + key * p.dv_row_stride + dim) =
-            pack_pair<Element>(dv[4 * i + 2 * hh], dv[4 * i + 2 * hh + 1]);
-      }
-    }
-  }
+  store_key_rows<Element, kHeadDim / 8>(p, blk, n0 + key_row, g, t, [&](int i, int j) { return dk[4 * i + j]; },
+                                        [&](int i, int j) { return dv[4 * i + j]; });
 }
 
 }  // namespace flash_bwd_wgmma

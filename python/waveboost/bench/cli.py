@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-charts", action="store_true", help="write no PNG charts")
     p.add_argument("--plain", action="store_true", help="plain text output even when rich is installed")
     p.add_argument("--list", action="store_true", help="list presets and implementations, then exit")
+    p.add_argument("--distributed", metavar="N", help="context parallelism: ring attention on N ranks (torchrun) "
+                   "against one device; its own options: python -m waveboost.bench --distributed N --help")
     return p
 
 
@@ -127,6 +129,9 @@ def estimate_cpu_minutes(cases: list, n_impls: int, settings: measure.Settings) 
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns 1 when a waveboost implementation is WRONG or errors, else 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--distributed" in argv:
+        from .distributed import launch
+        return launch(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
