@@ -152,3 +152,13 @@ def test_cuda_records_agree_with_resolve_backend():
                         waveboost.resolve_backend(q, k, k, backend=r["backend"])
                 if runs and dtype_name in r["backward_dtypes"] and head_dim in r["backward_head_dims"]:
                     assert waveboost.resolve_backend(q, k, k, backend=r["backend"], backward=True) == r["backend"]
+
+
+def test_command_line_lists_every_record(capsys):
+    from waveboost.__main__ import main
+
+    assert main(["capabilities"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == [r["backend"] for r in waveboost.capabilities()]
+    cpu = next(line for line in lines if line.startswith("cpu "))
+    assert "forward float32,float64; backward float32,float64; head dims any;" in cpu and "paged" in cpu
