@@ -35,8 +35,8 @@ struct TensorArg {
   const void* data = nullptr;
   ElementType dtype;
   int ndim = 0;
-  int64_t shape[kMaxRank] = {};
-  int64_t strides[kMaxRank] = {};  // in elements, not bytes
+  int64_t shape[kMaxRank];
+  int64_t strides[kMaxRank];  // in elements, not bytes; entries past ndim are not set
   int32_t device_type = static_cast<int32_t>(DeviceKind::kCPU);  // a DLPack device type
   int32_t device_id = 0;
 
