@@ -115,3 +115,17 @@ def test_cuda_graph_decode_step():
     torch.cuda.synchronize()
     assert torch.equal(out, want)
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
+
+
+def test_varlen_fake_raises_the_eager_argument_errors():
+    """Traced (fake) calls refuse what the eager call refuses, with its messages (one shared helper)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k = torch.empty(7, 4, 16), torch.empty(9, 2, 16)
+        cu = torch.empty(3, dtype=torch.int32)
+        op = torch.ops.waveboost.attention_varlen
+        with pytest.raises(ValueError, match="cu_seqlens_k is required without block_table"):
+            op(q, k, k, cu, None, None, None, False, None, None, None, "auto")
+        with pytest.raises(ValueError, match="q must be a 3-D tensor"):
+            op(q[None], k, k, cu, cu, None, None, False, None, None, None, "auto")

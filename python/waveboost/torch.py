@@ -288,8 +288,8 @@ def _attention_varlen_op(
 @_attention_varlen_op.register_fake
 def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                            block_table, seqused_k, backend):
-    if q.dim() != 3:
-        raise ValueError(f"q must be a 3-D tensor (total_q, heads, head_dim); got shape {tuple(q.shape)}")
+    # The eager call's argument rules, raised while tracing.
+    _api.varlen_args(tuple(q.shape), cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, max_seqlen_q, max_seqlen_k)
     total_q, heads, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32)
 
