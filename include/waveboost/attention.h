@@ -243,8 +243,9 @@ struct BackendCapabilities {
   bool causal = false, gqa = false, varlen = false, seqused = false, paged = false;
   bool deterministic_backward = false;
 };
-// The head dims capabilities() probes.
-inline constexpr int64_t kProbedHeadDims[] = {16, 32, 48, 64, 80, 96, 128, 160, 192, 256};
+// The head dims capabilities() probes: the specialized ones, others a generic path takes, and
+// 512, past the naive path's limit, so that any_head_dim means no limit was found.
+inline constexpr int64_t kProbedHeadDims[] = {8, 16, 32, 48, 64, 80, 96, 128, 160, 192, 256, 512};
 // One record per backend compiled in (kAuto excluded), in the enum's order.
 std::vector<BackendCapabilities> capabilities(int device_id = 0);
 
