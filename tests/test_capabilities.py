@@ -26,14 +26,17 @@ def test_backend_names_come_from_the_compiled_module():
     assert len(set(waveboost.BACKENDS)) == len(waveboost.BACKENDS)
 
 
-def test_stub_backend_literal_lists_every_backend():
+def _stub_literal(name: str) -> tuple:
     stub = pathlib.Path(waveboost.__file__).with_name("_api.pyi")
     for node in ast.parse(stub.read_text()).body:
-        if isinstance(node, ast.Assign) and node.targets[0].id == "BackendName":
-            literal = tuple(ast.literal_eval(e) for e in node.value.slice.elts)
-            assert literal == waveboost.BACKENDS
-            return
-    pytest.fail("no BackendName in _api.pyi")
+        if isinstance(node, ast.Assign) and node.targets[0].id == name:
+            return tuple(ast.literal_eval(e) for e in node.value.slice.elts)
+    pytest.fail(f"no {name} in _api.pyi")
+
+
+def test_stub_backend_literals_list_every_backend():
+    assert _stub_literal("BackendName") == waveboost.BACKENDS
+    assert _stub_literal("ResolvedBackend") == tuple(b for b in waveboost.BACKENDS if b != "auto")
 
 
 def test_unknown_backend_names_every_known_one():
