@@ -24,10 +24,11 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+namespace fe = waveboost::frontend;
 using waveboost::Backend;
 using waveboost::DeviceType;
 using waveboost::Status;
-using waveboost::frontend::TensorArg;
+using fe::TensorArg;
 
 // nanobind builds the module with hidden visibility; the handlers must stay visible to dlsym (ctypes).
 #if defined(_WIN32)
@@ -58,24 +59,24 @@ WAVEBOOST_FFI_EXPORT XLA_FFI_Error* waveboost_jax_kvcache_cuda(XLA_FFI_CallFrame
 
 namespace {
 
-waveboost::frontend::ElementType element_type(ffi::DataType type) {
+fe::ElementType element_type(ffi::DataType type) {
   switch (type) {
-    case ffi::DataType::PRED: return {waveboost::frontend::ElementKind::kBool, 8, 1};
-    case ffi::DataType::S8: return {waveboost::frontend::ElementKind::kInt, 8, 1};
-    case ffi::DataType::S16: return {waveboost::frontend::ElementKind::kInt, 16, 1};
-    case ffi::DataType::S32: return {waveboost::frontend::ElementKind::kInt, 32, 1};
-    case ffi::DataType::S64: return {waveboost::frontend::ElementKind::kInt, 64, 1};
-    case ffi::DataType::U8: return {waveboost::frontend::ElementKind::kUInt, 8, 1};
-    case ffi::DataType::U16: return {waveboost::frontend::ElementKind::kUInt, 16, 1};
-    case ffi::DataType::U32: return {waveboost::frontend::ElementKind::kUInt, 32, 1};
-    case ffi::DataType::U64: return {waveboost::frontend::ElementKind::kUInt, 64, 1};
-    case ffi::DataType::F16: return {waveboost::frontend::ElementKind::kFloat, 16, 1};
-    case ffi::DataType::F32: return {waveboost::frontend::ElementKind::kFloat, 32, 1};
-    case ffi::DataType::F64: return {waveboost::frontend::ElementKind::kFloat, 64, 1};
-    case ffi::DataType::BF16: return {waveboost::frontend::ElementKind::kBFloat, 16, 1};
-    case ffi::DataType::C64: return {waveboost::frontend::ElementKind::kComplex, 64, 1};
-    case ffi::DataType::C128: return {waveboost::frontend::ElementKind::kComplex, 128, 1};
-    default: return {waveboost::frontend::ElementKind::kOpaque, static_cast<uint8_t>(8 * ffi::ByteWidth(type)), 1};
+    case ffi::DataType::PRED: return {fe::ElementKind::kBool, 8, 1};
+    case ffi::DataType::S8: return {fe::ElementKind::kInt, 8, 1};
+    case ffi::DataType::S16: return {fe::ElementKind::kInt, 16, 1};
+    case ffi::DataType::S32: return {fe::ElementKind::kInt, 32, 1};
+    case ffi::DataType::S64: return {fe::ElementKind::kInt, 64, 1};
+    case ffi::DataType::U8: return {fe::ElementKind::kUInt, 8, 1};
+    case ffi::DataType::U16: return {fe::ElementKind::kUInt, 16, 1};
+    case ffi::DataType::U32: return {fe::ElementKind::kUInt, 32, 1};
+    case ffi::DataType::U64: return {fe::ElementKind::kUInt, 64, 1};
+    case ffi::DataType::F16: return {fe::ElementKind::kFloat, 16, 1};
+    case ffi::DataType::F32: return {fe::ElementKind::kFloat, 32, 1};
+    case ffi::DataType::F64: return {fe::ElementKind::kFloat, 64, 1};
+    case ffi::DataType::BF16: return {fe::ElementKind::kBFloat, 16, 1};
+    case ffi::DataType::C64: return {fe::ElementKind::kComplex, 64, 1};
+    case ffi::DataType::C128: return {fe::ElementKind::kComplex, 128, 1};
+    default: return {fe::ElementKind::kOpaque, static_cast<uint8_t>(8 * ffi::ByteWidth(type)), 1};
   }
 }
 
@@ -106,8 +107,8 @@ TensorArg describe(const ffi::AnyBuffer& buf, const Place& place, int rank = 0) 
     t.strides[i] = stride;
     stride *= t.shape[i];
   }
-  t.device_type = static_cast<int32_t>(place.device_type == DeviceType::kCUDA ? waveboost::frontend::DeviceKind::kCUDA
-                                                                             : waveboost::frontend::DeviceKind::kCPU);
+  t.device_type =
+      static_cast<int32_t>(place.device_type == DeviceType::kCUDA ? fe::DeviceKind::kCUDA : fe::DeviceKind::kCPU);
   t.device_id = place.device_id;
   return t;
 }
@@ -126,10 +127,9 @@ void check_vmap_axes(const ffi::AnyBuffer& buf, const char* name, int rank, cons
   bool same = axes == q_axes;
   for (size_t i = 0; same && i < axes; ++i) same = dims[i] == q_dims[i];
   if (!same)
-    throw waveboost::frontend::ArgumentError(
-        waveboost::frontend::ArgumentError::Kind::kValue,
-        std::string(name) + "'s leading (vmap) axes " + dims_str(dims, axes) + " must be q's " +
-            dims_str(q_dims, q_axes));
+    throw fe::ArgumentError(fe::ArgumentError::Kind::kValue, std::string(name) + "'s leading (vmap) axes " +
+                                                                 dims_str(dims, axes) + " must be q's " +
+                                                                 dims_str(q_dims, q_axes));
 }
 
 ffi::Error to_ffi_error(const Status& s) {
@@ -149,7 +149,7 @@ template <typename Body>
 ffi::Error guarded(Body&& body) {
   try {
     return body();
-  } catch (const waveboost::frontend::ArgumentError& e) {
+  } catch (const fe::ArgumentError& e) {
     return ffi::Error::InvalidArgument(e.what());
   } catch (const std::exception& e) {
     return ffi::Error::Internal(e.what());
@@ -174,11 +174,11 @@ ffi::Error attention(const Place& at, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::A
                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, bool causal,
                      double softmax_scale, std::string_view backend_name) {
   return guarded([&] {
-    const Backend backend = waveboost::frontend::backend_from_name(std::string(backend_name));
+    const Backend backend = fe::backend_from_name(std::string(backend_name));
     for (auto [buf, name, rank] : {std::tuple{&k, "k", 4}, {&v, "v", 4}, {&*out, "out", 4}, {&*lse, "lse", 3}})
       check_vmap_axes(*buf, name, rank, q);
     const TensorArg out_arg = describe(*out, at, 4), lse_arg = describe(*lse, at, 3);
-    const waveboost::AttentionParams p = waveboost::frontend::forward_params(
+    const waveboost::AttentionParams p = fe::forward_params(
         describe(q, at, 4), describe(k, at, 4), describe(v, at, 4), &out_arg, &lse_arg, causal, softmax_scale);
     return to_ffi_error(waveboost::attention_forward(p, backend, at.stream));
   });
@@ -220,13 +220,13 @@ ffi::Error attention_backward(const Place& at, ffi::AnyBuffer dout, ffi::AnyBuff
                               ffi::Result<ffi::AnyBuffer> dv, bool causal, double softmax_scale, bool has_dlse,
                               bool deterministic, std::string_view backend_name) {
   return guarded([&] {
-    const Backend backend = waveboost::frontend::backend_from_name(std::string(backend_name));
+    const Backend backend = fe::backend_from_name(std::string(backend_name));
     for (auto [buf, name, rank] : {std::tuple{&k, "k", 4}, {&v, "v", 4}, {&out, "out", 4}, {&dout, "dout", 4},
                                    {&*dq, "dq", 4}, {&*dk, "dk", 4}, {&*dv, "dv", 4}, {&lse, "lse", 3},
                                    {&dlse, "dlse", 3}})
       check_vmap_axes(*buf, name, rank, q);
     const TensorArg dlse_arg = describe(dlse, at, 3);
-    const waveboost::AttentionBackwardParams p = waveboost::frontend::backward_params(
+    const waveboost::AttentionBackwardParams p = fe::backward_params(
         describe(dout, at, 4), describe(q, at, 4), describe(k, at, 4), describe(v, at, 4), describe(out, at, 4),
         describe(lse, at, 3), describe(*dq, at, 4), describe(*dk, at, 4), describe(*dv, at, 4),
         has_dlse ? &dlse_arg : nullptr, causal, softmax_scale, deterministic);
@@ -278,15 +278,14 @@ ffi::Error kvcache(const Place& at, ffi::AnyBuffer q, ffi::AnyBuffer k_cache_in,
                    std::string_view backend_name, bool paged, bool append) {
   (void)k_cache_in, (void)v_cache_in;  // the cache results alias them: the kernels use the results
   return guarded([&] {
-    const Backend backend = waveboost::frontend::backend_from_name(std::string(backend_name));
+    const Backend backend = fe::backend_from_name(std::string(backend_name));
     const TensorArg kc = describe(*k_cache, at), vc = describe(*v_cache, at), lengths = describe(cache_seqlens, at);
     const TensorArg table = describe(block_table, at), used = describe(*seqused, at), lse_arg = describe(*lse, at);
     std::optional<waveboost::KVCacheAppendParams> a;
     if (append)
-      a = waveboost::frontend::append_params(kc, vc, describe(k_new, at), describe(v_new, at), lengths, &used,
-                                             paged ? &table : nullptr);
+      a = fe::append_params(kc, vc, describe(k_new, at), describe(v_new, at), lengths, &used, paged ? &table : nullptr);
     // Attention over each sequence's filled keys: cache_seqlens, or with the append its result.
-    const waveboost::AttentionParams p = waveboost::frontend::sequence_params(
+    const waveboost::AttentionParams p = fe::sequence_params(
         describe(q, at), kc, vc, describe(*out, at), &lse_arg, nullptr, nullptr, append ? &used : &lengths,
         paged ? &table : nullptr, std::nullopt, std::nullopt, causal, softmax_scale);
     if (a)
@@ -339,10 +338,10 @@ ffi::Error varlen(const Place& at, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyB
                   int64_t max_seqlen_k, bool causal, double softmax_scale, std::string_view backend_name, bool paged,
                   bool has_seqused) {
   return guarded([&] {
-    const Backend backend = waveboost::frontend::backend_from_name(std::string(backend_name));
+    const Backend backend = fe::backend_from_name(std::string(backend_name));
     const TensorArg cu_q = describe(cu_seqlens_q, at), cu_k = describe(cu_seqlens_k, at);
     const TensorArg used = describe(seqused_k, at), table = describe(block_table, at), lse_arg = describe(*lse, at);
-    const waveboost::AttentionParams p = waveboost::frontend::sequence_params(
+    const waveboost::AttentionParams p = fe::sequence_params(
         describe(q, at), describe(k, at), describe(v, at), describe(*out, at), &lse_arg, &cu_q,
         paged ? nullptr : &cu_k, has_seqused ? &used : nullptr, paged ? &table : nullptr, max_seqlen_q,
         max_seqlen_k, causal, softmax_scale);
@@ -390,7 +389,7 @@ ffi::Error merge(const Place& at, ffi::AnyBuffer outs, ffi::AnyBuffer lses, ffi:
   return guarded([&] {
     const TensorArg lse_arg = describe(*lse, at);
     const waveboost::MergeStatesParams m =
-        waveboost::frontend::merge_params(describe(outs, at), describe(lses, at), describe(*out, at), &lse_arg);
+        fe::merge_params(describe(outs, at), describe(lses, at), describe(*out, at), &lse_arg);
     return to_ffi_error(waveboost::merge_attention_states(m, at.stream));
   });
 }
