@@ -516,3 +516,25 @@ def test_peak_bandwidth_table(name, gbs):
     assert peak == gbs and source.startswith("table: ")
     assert hardware.peak_bandwidth("cuda", name, override=1234.0) == (1234.0, "--peak-gbs")
     assert hardware.peak_bandwidth("cpu", "AMD EPYC")[0] is None
+
+
+def test_standalone_scripts_are_thin_wrappers_of_the_suite(tmp_path):
+    import os
+    import runpy
+
+    here = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
+    backward = runpy.run_path(os.path.join(here, "backward_bench.py"), run_name="wrapper")
+    args = cli.build_parser().parse_args(backward["DEFAULTS"])
+    cases = grid.expand(args.preset, "cuda", seqlens=grid.parse_ints(args.seqlens),
+                        dtypes=grid.parse_dtypes(args.dtypes), passes=grid.parse_passes(args.passes))
+    assert {c.pass_name for c in cases} == {"bwd", "fwdbwd"} and {c.seqlen for c in cases} == {1024, 4096}
+    chosen = {i.name for i in cli.applicable(cli.select(impls.registry("cuda"), args.impls), cases)}
+    assert {"waveboost_auto", "waveboost_auto_det", "sdpa_flash", "fa3"} <= chosen and "waveboost_simt" not in chosen
+    decode = runpy.run_path(os.path.join(here, "decode_bench.py"), run_name="wrapper")
+    out = tmp_path / "decode"
+    assert decode["run"](["--device", "cpu", "--impls", "numpy,waveboost_cpu", "--repeats", "3", "--budget-ms", "2",
+                          "--plain", "--no-charts", "--out", str(out)]) == 0
+    for preset in grid.SERVING_PRESETS:
+        result = json.loads((out / preset / "results.json").read_text())
+        assert result["settings"]["preset"] == preset and result["settings"]["cuda_graphs"] is True
+        assert all(r["status"] == "ok" for r in result["rows"])

@@ -73,6 +73,9 @@ def add_pass_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-gbs", type=float,
                    help="peak memory bandwidth (GB/s) that the serving presets (decode, paged, varlen) report a "
                         "percentage of (default: a table by GPU name, else the driver's memory clock x bus width)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="time waveboost and SDPA by replaying a CUDA graph of one call (as engines run decode "
+                        "steps): the GPU time without the host's launch cost; JAX is timed as before")
 
 
 def pass_settings(args, cases: list, device: str, env: dict) -> dict:
@@ -211,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     env = report.environment(device)
     extra_settings = pass_settings(args, cases, device, env)
     settings.peak_gbs = extra_settings.get("peak_gbs")
+    settings.cuda_graphs = bool(args.cuda_graphs)
+    extra_settings["cuda_graphs"] = settings.cuda_graphs
     stamp = datetime.now().astimezone()
     out_dir = args.out or os.path.join("bench-results", f"{report.slug(env['name'])}-{stamp:%Y%m%d-%H%M}")
     meta = {"tool": "waveboost.bench", "date": stamp.isoformat(timespec="seconds"),
