@@ -383,6 +383,9 @@ def test_float64_gradients_match_tests_reference(causal):
     assert np.allclose(got[0][2] + got[1][2], dk[0, :, 0]) and np.allclose(got[2][3] + got[3][3], dv[0, :, 1])
     ref, _ = attention_ref(q, k, v, causal=causal)
     assert all(np.allclose(g[0], ref[0, :, h]) for h, g in enumerate(got))
+    torch = pytest.importorskip("torch")  # the branch CUDA cells use
+    as_torch = measure._attention_grads_f64(*(torch.from_numpy(t[0, :, 0]) for t in (q, k, v, dout)), causal)
+    assert all(np.allclose(a.numpy(), b) for a, b in zip(as_torch, got[0]))
 
 
 def test_backward_passes_through_the_cli_with_peers(tmp_path, capsys):

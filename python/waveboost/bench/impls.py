@@ -330,7 +330,8 @@ def _jax_passes(case, fn, q, k, v, dout, to_bshd, memory=None) -> Prepared:
     if case.pass_name == "bwd":
         _, backward = jax.vjp(fn, q, k, v)
         apply = jax.jit(lambda f, g: f(g))
-        return Prepared(run=lambda: apply(backward, dout), to_bshd=many, wait=wait)
+        return Prepared(run=lambda: apply(backward, dout), to_bshd=many, wait=wait,
+                        memory=memory and (lambda: memory(apply, backward, dout)))
 
     @jax.jit
     def forward_backward(q, k, v, g):
