@@ -271,7 +271,6 @@ def plot(curves: dict, title: str, path: str) -> bool:
         top.plot(range(1, len(losses) + 1), losses, label=name, linewidth=1.2,
                  linestyle="-" if "waveboost" in name else "--")
     top.set_ylabel("training loss")
-    top.set_yscale("log")
     top.legend()
     top.grid(True, alpha=0.3)
     for framework in ("torch", "jax"):
@@ -279,9 +278,11 @@ def plot(curves: dict, title: str, path: str) -> bool:
             f"{framework} {'sdpa' if framework == 'torch' else 'jax.nn'}")
         if ours and theirs:
             rel = np.abs(np.asarray(ours) - np.asarray(theirs)) / np.abs(np.asarray(theirs))
-            bottom.plot(range(1, len(rel) + 1), np.maximum(rel, 1e-12), label=f"{framework}: |waveboost - peer| / peer")
+            steps = np.flatnonzero(rel) + 1  # equal losses have no place on a log axis
+            bottom.plot(steps, rel[steps - 1], marker="o", markersize=3, linestyle="none",
+                        label=f"{framework}: |waveboost - peer| / peer")
     bottom.set_yscale("log")
-    bottom.set_xlabel("step")
+    bottom.set_xlabel("step (steps where the losses are equal are not drawn)")
     bottom.set_ylabel("relative difference")
     bottom.legend()
     bottom.grid(True, alpha=0.3)
