@@ -458,6 +458,8 @@ def test_forward_only_implementations_sit_out_the_backward(monkeypatch):
                  "jax_cudnn", "fa3"):
         assert cuda[name].applies(bwd), name
     assert not cuda["waveboost_simt"].applies(bwd) and not cuda["waveboost_wmma"].applies(bwd)
+    assert not cuda["waveboost_naive"].applies(decode) and impls._backend_applies("decode", set())(decode)
+    assert not impls._backend_applies("decode", set())(bwd) and impls._backend_applies("mma", {"mma"})(bwd)
     assert not cuda["fa3"].applies(decode) and cuda["fa3_kvcache"].applies(decode)
     assert cuda["waveboost_auto"].applies(decode) and cuda["sdpa_cudnn"].applies(decode)
     assert cuda["fa3"].missing() and cuda["fa3_kvcache"].missing()  # no GPU here: a reason, not a crash

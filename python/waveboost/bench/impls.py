@@ -573,6 +573,16 @@ def _backward_only(case) -> bool:
     return case.layout == "dense" and case.pass_name == "bwd"
 
 
+def _backend_applies(backend: str, with_backward: set) -> Callable:
+    """The cells a CUDA backend takes: dense forwards; the backward passes where it has a backward;
+    the serving layouts on `decode`, the backend that serves them on CUDA."""
+    def applies(case) -> bool:
+        if case.serving:
+            return backend == "decode"
+        return case.pass_name == "fwd" or backend in with_backward
+    return applies
+
+
 def registry(device: str) -> list[Impl]:
     """All implementations known for `device` ("cpu" or "cuda"), available or not; each takes
     part in the cells its `applies` accepts."""
@@ -590,7 +600,7 @@ def registry(device: str) -> list[Impl]:
     with_backward = set(wb.backward_backends()) if hasattr(wb, "backward_backends") else set()
     impls = [Impl(f"waveboost_{b}", _waveboost(b, "cuda-event"), _waveboost_missing(b, "cuda"), "waveboost",
                   score_bytes=8 if b == "naive" else 0,  # naive: fp32 scores, then probabilities
-                  applies=_dense_passes if b in with_backward else _forward_dense)
+                  applies=_backend_applies(b, with_backward))
              for b in WAVEBOOST_CUDA_BACKENDS + tuple(extra)]
     # What a training or serving user gets by default, and the bitwise-reproducible backward.
     impls += [Impl("waveboost_auto", _waveboost("auto", "cuda-event"), _waveboost_missing("auto", "cuda"),
