@@ -543,3 +543,49 @@ def test_standalone_scripts_are_thin_wrappers_of_the_suite(tmp_path):
         result = json.loads((out / preset / "results.json").read_text())
         assert result["settings"]["preset"] == preset and result["settings"]["cuda_graphs"] is True
         assert all(r["status"] == "ok" for r in result["rows"])
+
+
+class _FakeFA3:
+    """flash_attn3_jax's two entry points, written with jax.nn.dot_product_attention, to run the
+    FlashAttention-3 adapters' plumbing (splits, paged caches, jitted decode loops) on the CPU."""
+
+    def __init__(self):
+        self.splits_seen = set()
+
+    @staticmethod
+    def flash_mha(q, k, v, softmax_scale=None, is_causal=False):
+        import jax
+        return jax.nn.dot_product_attention(q, k, v, is_causal=is_causal)
+
+    def flash_mha_with_kvcache(self, q, k_cache, v_cache, cache_seqlens=None, page_table=None, is_causal=False,
+                               num_splits=1):
+        import jax
+        self.splits_seen.add(num_splits)
+        if page_table is not None:
+            b, pages = page_table.shape
+            k_cache, v_cache = (c[page_table].reshape(b, pages * c.shape[1], *c.shape[2:]) for c in (k_cache, v_cache))
+        lk, lq = k_cache.shape[1], q.shape[1]
+        window = {"local_window_size": (lk, lk - lq)} if is_causal and lq > 1 else {}
+        return jax.nn.dot_product_attention(q, k_cache, v_cache, key_value_seq_lengths=cache_seqlens, **window)
+
+
+@pytest.mark.parametrize("case", [
+    grid.Case(2, 64, 4, 2, 16, "float32", True, layout="paged", seqlen_q=3, page_size=16),
+    grid.Case(3, 48, 4, 1, 16, "float32", False, layout="varlen", seqlen_q=1),
+    grid.Case(1, 40, 4, 2, 16, "float32", True, pass_name="bwd"),
+], ids=lambda c: c.title())
+def test_flash_attention_3_adapters_with_a_stand_in(case, monkeypatch):
+    pytest.importorskip("jax")
+    fake = _FakeFA3()
+    monkeypatch.setattr(impls, "module", lambda name: fake if name == "flash_attn3_jax" else impls.importlib.import_module(name))
+    monkeypatch.setattr(impls, "_fa3_check", lambda case: None)
+    monkeypatch.setattr(impls, "_jax_to_bshd", lambda on_cpu: np.asarray)
+    monkeypatch.setattr(impls, "DECODE_LOOP_STEPS", 2)  # one cache, two steps per program: a short compile
+    monkeypatch.setattr(impls, "L2_BYTES", 1)
+    (impl,) = [i for i in impls.registry("cuda") if i.name == ("fa3_kvcache" if case.serving else "fa3")]
+    inputs = measure.make_inputs(case, "cpu", seed=7)
+    settings = measure.Settings(device="cpu", repeats=3, budget_s=0.001, mem_limit_bytes=1e9)
+    row = measure.run_cell(case, impl, inputs, measure.Reference(case, inputs), settings)
+    assert row["status"] == "ok" and row["rel_err"] < 1e-5, row
+    if case.serving:
+        assert fake.splits_seen == {1, 8, 32} and "num_splits=" in row["reason"]

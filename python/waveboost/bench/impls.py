@@ -125,6 +125,7 @@ def _jax_missing(device: str) -> Callable[[], str | None]:
 # ---- helpers shared by the adapters ---------------------------------------------------------
 
 L2_BYTES = 50 << 20  # an H100's L2; the jitted decode loops cycle over enough caches to read HBM
+DECODE_LOOP_STEPS = 16  # decode steps per jitted program (JAX peers): dispatch cost spread over them
 
 
 def _is_numpy(x) -> bool:
@@ -354,7 +355,7 @@ def _jax_decode_loop(step, q, caches: list, on_gpu: bool):
     if not on_gpu:
         single = jax.jit(step)
         return (lambda: single(q, *caches[0])), 1
-    rounds = max(1, 16 // len(caches))
+    rounds = max(1, DECODE_LOOP_STEPS // len(caches))
 
     @jax.jit
     def program(q, caches):
