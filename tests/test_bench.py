@@ -577,7 +577,8 @@ class _FakeFA3:
 def test_flash_attention_3_adapters_with_a_stand_in(case, monkeypatch):
     pytest.importorskip("jax")
     fake = _FakeFA3()
-    monkeypatch.setattr(impls, "module", lambda name: fake if name == "flash_attn3_jax" else impls.importlib.import_module(name))
+    real = impls.module
+    monkeypatch.setattr(impls, "module", lambda name: fake if name == "flash_attn3_jax" else real(name))
     monkeypatch.setattr(impls, "_fa3_check", lambda case: None)
     monkeypatch.setattr(impls, "_jax_to_bshd", lambda on_cpu: np.asarray)
     monkeypatch.setattr(impls, "DECODE_LOOP_STEPS", 2)  # one cache, two steps per program: a short compile
