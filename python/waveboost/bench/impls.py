@@ -414,6 +414,7 @@ def _jax_serving(case, implementation, q, k, v, to_bshd, on_cpu) -> Prepared:
             return single(q, k, v)
         return run()
     return Prepared(run=run_checked, to_bshd=to_bshd, wait=jax.block_until_ready, calls_per_run=calls,
+                    memory=None if on_cpu else (lambda: _xla_memory(single, q, k, v)),
                     note="dense cache" + (", jitted loop of steps" if calls > 1 else ""))
 
 
@@ -474,6 +475,7 @@ def _fa3_kvcache_prepare(case, x):
             return single(q, *caches[0])
         return run()
     yield Prepared(run=run_checked, to_bshd=_jax_to_bshd(False), wait=jax.block_until_ready, calls_per_run=calls,
+                   memory=lambda: _xla_memory(single, q, *caches[0]),
                    note=f"num_splits={splits} (fastest of 1/8/32), jitted loop of steps"
                         + (", padded cache" if case.layout == "varlen" else ""))
 @contextmanager
