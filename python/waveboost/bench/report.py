@@ -226,7 +226,7 @@ def per_cell_table(rows: list[dict], names: list[str], device: str) -> list[str]
     serving = has_serving(rows)
     unit = "GB/s (% of peak)" if serving else rate_unit(device)
     scale = rate_scale(device)
-    lines = [f"Per cell, {unit}; last column: best waveboost time / best peer time inverted (> 1: waveboost faster):",
+    lines = [f"Per cell, {unit}; last column: best peer time / best waveboost time (> 1: waveboost faster):",
              "", "| cell | " + " | ".join(names) + " | waveboost / best peer |", "|---" * (len(names) + 2) + "|"]
     cells = defaultdict(dict)
     for r in rows:
@@ -244,7 +244,7 @@ def per_cell_table(rows: list[dict], names: list[str], device: str) -> list[str]
                 values.append(r["status"])
             elif serving and r.get("gb_s") is not None:
                 pct = r.get("pct_peak")
-                values.append(f"{r['gb_s']:.0f}" + (f" ({pct:.0f}%)" if pct is not None else ""))
+                values.append(f"{r['gb_s']:.3g}" + (f" ({pct:.0f}%)" if pct is not None else ""))
             else:
                 values.append(f"{r['tflops'] * scale:.1f}")
         ok = [r for r in by_name.values() if r["status"] == "ok"]
@@ -294,7 +294,7 @@ def table_rows(rows: list[dict], device: str) -> list[list[str]]:
         status = r["status"] + (f": {r['reason']}" if r["reason"] else "")
         mb = r.get("mem_extra_bytes")
         cell = cell_name(r)
-        bandwidth = [_fmt(r.get("gb_s") if ok else None, ".0f"), _fmt(r.get("pct_peak") if ok else None, ".1f")]
+        bandwidth = [_fmt(r.get("gb_s") if ok else None, ".4g"), _fmt(r.get("pct_peak") if ok else None, ".1f")]
         out.append([
             cell,
             r["impl"], status,
