@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_pass_arguments(p: argparse.ArgumentParser) -> None:
-    """--pass (forward, backward, both) and --peak-gbs (the serving presets' bandwidth percentage)."""
+    """--pass (forward, backward, both), --peak-gbs (the serving presets' bandwidth percentage) and
+    --cuda-graphs (timing by graph replay)."""
     p.add_argument("--pass", dest="passes",
                    help="comma-separated passes to time: fwd (the forward), bwd (the backward alone, given the "
                         "forward's saved outputs: waveboost.attention_backward with out and lse; autograd's backward "
@@ -82,6 +83,8 @@ def pass_settings(args, cases: list, device: str, env: dict) -> dict:
     """The passes timed and, when a cell is memory-bound, the peak bandwidth and where it comes from."""
     passes = list(dict.fromkeys(c.pass_name for c in cases))
     out = {"passes": passes}
+    if passes != ["fwd"]:
+        out["tolerance_backward"] = measure.TOLERANCE_BACKWARD
     if any(c.serving for c in cases):
         ordinal = impls.module("torch").cuda.current_device() if device == "cuda" else 0
         out["peak_gbs"], out["peak_source"] = hardware.peak_bandwidth(device, env["name"], args.peak_gbs, ordinal)
