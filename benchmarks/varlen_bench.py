@@ -11,7 +11,10 @@ against the packed varlen call.
 
 Times: CUDA events around `inner` back-to-back calls after warm-up, median of `reps`.
 
-    python benchmarks/varlen_bench.py --out DIR [--quick]
+With --dense-only, only the dense calls are timed (dense.csv), e.g. with an older build on
+PYTHONPATH, to compare the dense path before and after a change in the same session.
+
+    python benchmarks/varlen_bench.py --out DIR [--dense-only]
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def cu(lengths):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dense-only", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
@@ -91,6 +94,11 @@ def main():
             used = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
             for backend in backends + ["auto"]:
                 dense = time_ms(lambda: waveboost.attention(q4, k4, v4, causal=causal, backend=backend))
+                if args.dense_only:
+                    rows.append({"backend": backend, "head_dim": d, "causal": int(causal), "heads": heads,
+                                 "dense_8x2048_ms": round(dense, 4)})
+                    print(rows[-1], flush=True)
+                    continue
                 eq = time_ms(lambda: waveboost.attention_varlen(q3, k3, v3, cu_eq, cu_eq, max_seqlen_q=seqlen,
                                                                 max_seqlen_k=seqlen, causal=causal, out=out3,
                                                                 backend=backend))
@@ -112,10 +120,12 @@ def main():
                     row[f"paged{ps}_over_varlen"] = round(t / eq, 4)
                 rows.append(row)
                 print(row, flush=True)
-    with open(os.path.join(args.out, "varlen.csv"), "w", newline="") as f:
+    with open(os.path.join(args.out, "dense.csv" if args.dense_only else "varlen.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    if args.dense_only:
+        return
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(f"device: {info.get('gpu')}; waveboost {info['version']}; bf16, {heads} heads (MHA), "
                 f"8 x 2048 tokens; uneven lengths {uneven}\n\n")

@@ -345,6 +345,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
 
   float inv_sum[Softmax::kRows];
   softmax.finalize(inv_sum);
+  if constexpr (kSequences) blk.reload_query_rows(p);
   write_lse(p, blk, warp_m0 + g, softmax, t);
 
   // O goes through the warp's own Q rows in shared memory (no other warp reads them, and no

@@ -369,6 +369,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
 
   float inv_sum[Softmax::kRows];
   softmax.finalize(inv_sum);
+  if constexpr (kSequences) blk.reload_query_rows(p);
 
   if constexpr (kSplit) {
     write_split_piece<typename Traits::OutFragments, Traits::kHeadDim>(p, blk, split, split_index, warp_m0 + g, o,

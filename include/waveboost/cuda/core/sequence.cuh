@@ -132,6 +132,13 @@ struct FlashBlock {
     return paged_key_offset(p, table_row, j, kValue ? p.v_batch_stride : p.k_batch_stride,
                             kValue ? p.v_row_stride : p.k_row_stride, offset);
   }
+  // Re-reads the sequence's query length and packed offset (after a kernel's main loop, so that
+  // they need not stay in registers through it).
+  __device__ __forceinline__ void reload_query_rows(const AttentionParams& p) {
+    const SequenceLengths len = sequence_lengths(p, b);
+    seqlen_q = len.q;
+    q_start = len.q_start;
+  }
   // Output row `row` of the sequence.
   template <typename T>
   __device__ __forceinline__ T* o_row(const AttentionParams& p, int64_t row) const {
