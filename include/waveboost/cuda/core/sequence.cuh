@@ -5,9 +5,12 @@
 // This is the one place that answers "where is row r of sequence b", for every layout of
 // AttentionParams: dense BSHD batches (every sequence seqlen_q x seqlen_k, batch strides),
 // varlen (cu_seqlens_q / cu_seqlens_k: sequence_lengths and the packed row offsets of
-// FlashBlock), seqused_k (the key length) and paged K/V (block_table: paged_key_offset, FlashBlock::paged_key). Kernels read lengths and addresses only through FlashBlock (the
+// FlashBlock), seqused_k (the key length) and paged K/V (block_table: paged_key_offset,
+// FlashBlock::paged_key). Kernels read lengths and addresses only through FlashBlock (the
 // flash paths) or core/kv_iterator.cuh, which builds on it (decode), never p.seqlen_q /
-// p.seqlen_k or strides of their own. The dense case is a uniform branch on the parameters.
+// p.seqlen_k or strides of their own. The flash kernels compile the dense case apart
+// (locate_query_block<false>: every layout offset folds away); sequence_lengths itself takes
+// the dense case as a uniform branch on the parameters.
 #pragma once
 
 #include <cstdint>
