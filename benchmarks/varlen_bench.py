@@ -12,7 +12,7 @@ against the packed varlen call.
 Times: CUDA events around `inner` back-to-back calls after warm-up, median of `reps`.
 
 With --dense-only, only the dense calls are timed (dense.csv), e.g. with an older build on
-PYTHONPATH, to compare the dense path before and after a change in the same session.
+PYTHONPATH, to compare the dense path before and after a change on the same machine in one run.
 
     python benchmarks/varlen_bench.py --out DIR [--dense-only]
 """
