@@ -129,6 +129,37 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const typename Traits::
   }
 }
 
+// Issues cp.async for rows [0, kRows) of the K (kValue false) or V tile starting at key n0 of
+// the sequence, `base` being FlashBlock::k_rows / v_rows: contiguous rows (dense, packed)
+// through load_tile; with a paged K / V (kPagedKV, a kernel of its own) each row's page through
+// the block table (FlashBlock::paged_key). The choice is made at compile time: a run-time branch
+// here, in the middle of the software pipeline, is suspected of costing the varlen kernel (see
+// benchmarks/NOTES.md).
+template <typename Traits, int kRows, bool kGuarded, bool kValue, bool kPagedKV>
+__device__ __forceinline__ void load_kv_tile(uint32_t tile, const AttentionParams& p, const FlashBlock& blk,
+                                             const typename Traits::Element* base, int64_t n0, int64_t valid_rows) {
+  using Element = typename Traits::Element;
+  const int64_t row_stride = kValue ? p.v_row_stride : p.k_row_stride;
+  if constexpr (!kPagedKV) {
+    load_tile<Traits, kRows, kGuarded>(tile, kValue ? blk.v_tile(p, base, n0) : blk.k_tile(p, base, n0), row_stride,
+                                       valid_rows);
+  } else {
+    const int32_t* table_row = blk.page_table(p);
+    const int chunk = threadIdx.x % Traits::kChunksPerRow;
+    const int row = threadIdx.x / Traits::kChunksPerRow;
+    const uint32_t dst = tile + tile_offset<Traits, kRows>(row, chunk);
+    const Element* src_chunk = base + chunk * Traits::kChunk;
+#pragma unroll
+    for (int i = 0; i < kRows / Traits::kRowsPerCopyPass; ++i) {
+      const int r = row + i * Traits::kRowsPerCopyPass;
+      bool valid = !kGuarded || r < valid_rows;
+      int64_t offset = 0;
+      if (valid) valid = blk.paged_key<kValue>(p, table_row, static_cast<int>(n0) + r, offset);
+      mma::copy_async_16B(dst + i * Traits::kRowsPerCopyPass * Traits::kRowBytes, src_chunk + offset, valid);
+    }
+  }
+}
+
 // Flips the sign bits of the Q chunks this thread copied (the same chunks load_tile<kBlockM>
 // wrote), after its own copies have completed: no other thread's data is touched.
 template <typename Traits>
@@ -182,8 +213,13 @@ __device__ __forceinline__ void issue_pv(float (&o)[Traits::kOutRegs], const uin
 
 // kSplit: the block runs one piece of its keys (SplitKV) and writes it to the workspace; the
 // plain kernel (kSplit false) compiles with no trace of the split.
-template <typename Traits, typename Mask, bool kSplit>
+// kSequences: p may carry a sequence layout (varlen, seqused_k; core/sequence.cuh), never with
+// kSplit; kPagedKV (with kSequences): K/V are paged (p.block_table set). The dense kernel
+// (both false) compiles with no trace of either.
+template <typename Traits, typename Mask, bool kSplit, bool kSequences, bool kPagedKV>
 __device__ __forceinline__ void attend_block(const AttentionParams& p, const SplitKV& split) {
+  static_assert(!(kSplit && kSequences), "split-KV pieces are laid out for dense batches");
+  static_assert(kSequences || !kPagedKV, "paged K/V is a sequence layout");
   using Element = typename Traits::Element;
   using Softmax = OnlineSoftmax<typename Traits::ScoreFragments>;
   constexpr int kBlockM = Traits::kBlockM;
@@ -208,7 +244,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
   const int num_splits = kSplit ? split.num_splits : 1;
   const int split_index = kSplit ? blockIdx.x % num_splits : 0;
   FlashBlock blk;
-  if (!locate_flash_block<Mask>(p, kSplit ? blockIdx.x / num_splits : blockIdx.x, gridDim.x / num_splits, kBlockM,
+  if (!locate_flash_block<Mask, kSequences>(p, kSplit ? blockIdx.x / num_splits : blockIdx.x, gridDim.x / num_splits, kBlockM,
                                 kBlockN, blk)) {
     return;
   }
@@ -234,7 +270,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
   if (n_visits > 0) {  // otherwise every row sees no key here: the epilogue writes zeros
     load_tile<Traits, kBlockM, true>(q_tile, q, p.q_row_stride, blk.rows);
     const int64_t last_n0 = (tile_end - 1) * int64_t{kBlockN};
-    load_tile<Traits, kBlockN, true>(k_tile, blk.k_tile(p, k, last_n0), p.k_row_stride, blk.seqlen_k - last_n0);
+    load_kv_tile<Traits, kBlockN, true, false, kPagedKV>(k_tile, p, blk, k, last_n0, blk.seqlen_k - last_n0);
     mma::commit_copies();
 
     // A negative scale: Q's sign bits are flipped once (exact), by the thread that copied them.
@@ -270,15 +306,15 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
       wgmma::fence_proxy_async();
       __syncthreads();
       if (j > tile_begin) {
-        load_tile<Traits, kBlockN, false>(k_tile + (1 - stage) * Traits::kKVTileBytes,
-                                          blk.k_tile(p, k, n0 - kBlockN), p.k_row_stride, kBlockN);
+        load_kv_tile<Traits, kBlockN, false, false, kPagedKV>(k_tile + (1 - stage) * Traits::kKVTileBytes, p, blk,
+                                                              k, n0 - kBlockN, kBlockN);
       }
       if (kMasked && mask.partial_tile(n0, kBlockN)) {
-        load_tile<Traits, kBlockN, true>(v_tile + stage * Traits::kKVTileBytes, blk.v_tile(p, v, n0),
-                                         p.v_row_stride, blk.seqlen_k - n0);
+        load_kv_tile<Traits, kBlockN, true, true, kPagedKV>(v_tile + stage * Traits::kKVTileBytes, p, blk, v, n0,
+                                                            blk.seqlen_k - n0);
       } else {
-        load_tile<Traits, kBlockN, false>(v_tile + stage * Traits::kKVTileBytes, blk.v_tile(p, v, n0),
-                                          p.v_row_stride, kBlockN);
+        load_kv_tile<Traits, kBlockN, false, true, kPagedKV>(v_tile + stage * Traits::kKVTileBytes, p, blk, v, n0,
+                                                             kBlockN);
       }
       mma::commit_copies();
 
@@ -337,6 +373,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
 
   float inv_sum[Softmax::kRows];
   softmax.finalize(inv_sum);
+  if constexpr (kSequences) blk.reload_query_rows(p);
 
   if constexpr (kSplit) {
     write_split_piece<typename Traits::OutFragments, Traits::kHeadDim>(p, blk, split, split_index, warp_m0 + g, o,
@@ -411,10 +448,14 @@ __device__ __forceinline__ void merge_row_pieces(const AttentionParams& p, const
 
 /// \brief Flash attention forward on wgmma; grid (query blocks x splits, batch*heads folded
 /// over y and z). One block of two warpgroups per SM (shared memory and registers both say so).
-template <typename Element, int kHeadDim, bool kCausal, bool kSplit>
+/// kSequences: the instantiations for sequence layouts (varlen, seqused_k; kPagedKV: paged K/V),
+/// whose grid covers the longest sequence (p.seqlen_q) and whose blocks past their own sequence's
+/// rows exit.
+template <typename Element, int kHeadDim, bool kCausal, bool kSplit, bool kSequences, bool kPagedKV>
 __global__ void __launch_bounds__(FlashWgmmaTraits<Element, kHeadDim>::kThreads, 1)
     flash_wgmma_kernel(const __grid_constant__ AttentionParams p, const SplitKV split) {
-  flash_wgmma::attend_block<FlashWgmmaTraits<Element, kHeadDim>, CausalMask<kCausal>, kSplit>(p, split);
+  flash_wgmma::attend_block<FlashWgmmaTraits<Element, kHeadDim>, CausalMask<kCausal>, kSplit, kSequences, kPagedKV>(p,
+                                                                                                              split);
 }
 
 /// \brief Merges split-KV pieces into out and lse; kSplitMergeThreads threads,
@@ -430,8 +471,11 @@ Status launch_flash_wgmma_kernel(const AttentionParams& p, const SplitKV& split,
   using Traits = FlashWgmmaTraits<Element, kHeadDim>;
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
   const FoldedGrid g = folded_grid(p, Traits::kBlockM);
-  const auto kernel = split.num_splits > 1 ? flash_wgmma_kernel<Element, kHeadDim, kCausal, true>
-                                           : flash_wgmma_kernel<Element, kHeadDim, kCausal, false>;
+  // Sequence layouts run unsplit (wgmma_forward gives them one piece).
+  const auto kernel = p.is_paged()            ? flash_wgmma_kernel<Element, kHeadDim, kCausal, false, true, true>
+                      : !p.is_dense()          ? flash_wgmma_kernel<Element, kHeadDim, kCausal, false, true, false>
+                      : split.num_splits > 1 ? flash_wgmma_kernel<Element, kHeadDim, kCausal, true, false, false>
+                                             : flash_wgmma_kernel<Element, kHeadDim, kCausal, false, false, false>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(g.x * split.num_splits), static_cast<unsigned>(g.y),
