@@ -471,11 +471,13 @@ Status launch_flash_wgmma_kernel(const AttentionParams& p, const SplitKV& split,
   using Traits = FlashWgmmaTraits<Element, kHeadDim>;
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
   const FoldedGrid g = folded_grid(p, Traits::kBlockM);
-  // Sequence layouts run unsplit (wgmma_forward gives them one piece).
-  const auto kernel = p.is_paged()            ? flash_wgmma_kernel<Element, kHeadDim, kCausal, false, true, true>
-                      : !p.is_dense()          ? flash_wgmma_kernel<Element, kHeadDim, kCausal, false, true, false>
+  // Sequence layouts run unsplit (wgmma_forward gives them one piece). Unsplit dense batches run
+  // on the TMA kernel (flash_wgmma_ws.cuh); those it leaves here (WAVEBOOST_WGMMA_PIPELINE=cp.async,
+  // strides TMA cannot describe) take the packed-sequence instantiation, for which a dense batch
+  // is one layout among others: no instantiation of its own is built for them.
+  const auto kernel = p.is_paged()             ? flash_wgmma_kernel<Element, kHeadDim, kCausal, false, true, true>
                       : split.num_splits > 1 ? flash_wgmma_kernel<Element, kHeadDim, kCausal, true, false, false>
-                                             : flash_wgmma_kernel<Element, kHeadDim, kCausal, false, false, false>;
+                                             : flash_wgmma_kernel<Element, kHeadDim, kCausal, false, true, false>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(g.x * split.num_splits), static_cast<unsigned>(g.y),
