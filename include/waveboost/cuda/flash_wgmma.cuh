@@ -208,6 +208,95 @@ __device__ __forceinline__ void issue_pv(float (&o)[Traits::kOutRegs], const uin
 }
 
 // ----------------------------------------------------------------------------
+// One warpgroup's work on one key tile, and the block's output (both kernels: this one and the
+// TMA-pipeline kernel of flash_wgmma_ws.cuh, which differ only in how K and V arrive)
+// ----------------------------------------------------------------------------
+
+// Key tile i of the visit order (keys n0 ..): S(i) = Q K^T (k_desc), then P(i-1) V(i-1)
+// (v_prev_desc; not on the first tile), waiting for S(i) only; the mask (kMasked), the online
+// softmax step, O rescaled once P(i-1) V(i-1) has landed, P(i) packed into the A registers of
+// P(i-1). on_scores_read() runs once S(i) has completed (K(i)'s buffer is free), on_values_read()
+// once P(i-1) V(i-1) has (V(i-1)'s buffer is free). row: this thread's first accumulator row.
+// kMasked and kFirst are compile-time so that every wgmma batch sits in one basic block after its
+// wgmma.fence (ptxas otherwise injects fences of its own).
+template <typename Traits, bool kMasked, bool kFirst, typename Mask, typename Softmax, typename ScoresRead,
+          typename ValuesRead>
+__device__ __forceinline__ void attend_tile(float (&o)[Traits::kOutRegs], uint32_t (&p_prev)[Traits::kKeySlices][4],
+                                            Softmax& softmax, const Mask& mask, uint64_t q_desc, uint64_t k_desc,
+                                            uint64_t v_prev_desc, int64_t row, int64_t n0, int t, float scale_log2,
+                                            ScoresRead on_scores_read, ValuesRead on_values_read) {
+  float s[Traits::kScoreRegs];
+  if constexpr (!kFirst) {
+    wgmma::fence_operands(o);
+    wgmma::fence_operands(p_prev);
+  }
+  wgmma::fence();
+  issue_scores<Traits>(s, q_desc, k_desc);
+  wgmma::commit_group();
+  if constexpr (!kFirst) {
+    issue_pv<Traits>(o, p_prev, v_prev_desc);
+    wgmma::commit_group();
+    wgmma::wait_group<1>();
+  } else {
+    wgmma::wait_group<0>();
+  }
+  wgmma::fence_operands(s);
+  on_scores_read();
+
+  if constexpr (kMasked) mask.template mask_tile<typename Traits::ScoreFragments, Traits::kBlockN>(s, row, n0, t);
+  float alpha[Softmax::kRows];
+  [[maybe_unused]] const bool raised = __any_sync(kFullWarpMask, softmax.template step<false>(s, alpha, scale_log2));
+
+  if constexpr (!kFirst) {  // tile 0 meets O = 0: nothing to rescale
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(o);
+    wgmma::fence_operands(p_prev);
+    on_values_read();
+    if (raised) Softmax::template rescale<typename Traits::OutFragments>(o, alpha);
+  }
+  // P into the A registers of P(i-1), free now that its product has landed: reusing them
+  // is what keeps the compiler from serializing the wgmma pipeline (ptxas would otherwise
+  // see registers of an in-flight wgmma being redefined).
+  Softmax::template pack<typename Traits::Element>(s, p_prev);
+}
+
+// The last product, P(n-1) V(n-1), once V(n-1) has landed.
+template <typename Traits>
+__device__ __forceinline__ void attend_last_values(float (&o)[Traits::kOutRegs],
+                                                   uint32_t (&p_prev)[Traits::kKeySlices][4], uint64_t v_desc) {
+  wgmma::fence_operands(o);
+  wgmma::fence_operands(p_prev);
+  wgmma::fence();
+  issue_pv<Traits>(o, p_prev, v_desc);
+  wgmma::commit_group();
+  wgmma::wait_group<0>();
+  wgmma::fence_operands(o);
+}
+
+// LSE and O of an unsplit block. O leaves through the warp's own 16 Q rows in shared memory, as
+// 16 B row-contiguous stores: every S product (the only reader of Q) of the warp's warpgroup has
+// completed, so the rows are free, and only this warp touches them now. Fragment writes: a quad
+// fills one 16 B chunk, eight rows with distinct swizzles: conflict-free.
+template <typename Traits, typename Softmax>
+__device__ __forceinline__ void write_block_output(const AttentionParams& p, const FlashBlock& blk,
+                                                   const float (&o)[Traits::kOutRegs],
+                                                   const float (&inv_sum)[Softmax::kRows], const Softmax& softmax,
+                                                   unsigned char* q_smem, int warp_row, int64_t warp_m0, int lane) {
+  using Element = typename Traits::Element;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  write_lse(p, blk, warp_m0 + g, softmax, t);
+  stage_output<typename Traits::OutFragments, Element>(o, inv_sum, g, t, [&](int row, int dt) {
+    return reinterpret_cast<uint32_t*>(q_smem + tile_offset<Traits, Traits::kBlockM>(warp_row + row, dt));
+  });
+  __syncwarp();
+  store_staged_rows<16, Traits::kChunksPerRow>(
+      blk.o_row<Element>(p, warp_m0), p.o_row_stride, blk.seqlen_q - warp_m0, lane, [&](int row, int chunk) {
+        return q_smem + tile_offset<Traits, Traits::kBlockM>(warp_row + row, chunk);
+      });
+}
+
+// ----------------------------------------------------------------------------
 // One block: kBlockM query rows of one (batch, head)
 // ----------------------------------------------------------------------------
 
@@ -318,38 +407,11 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
       }
       mma::commit_copies();
 
-      // S(i), then P(i-1) V(i-1); wait for S(i) only.
-      float s[Traits::kScoreRegs];
-      if constexpr (!kFirst) {
-        wgmma::fence_operands(o);
-        wgmma::fence_operands(p_prev);
-      }
-      wgmma::fence();
-      issue_scores<Traits>(s, q_desc, wgmma::advance(k_desc, stage * Traits::kKVTileBytes));
-      wgmma::commit_group();
-      if constexpr (!kFirst) {
-        issue_pv<Traits>(o, p_prev, wgmma::advance(v_desc, (1 - stage) * Traits::kKVTileBytes));
-        wgmma::commit_group();
-        wgmma::wait_group<1>();
-      } else {
-        wgmma::wait_group<0>();
-      }
-      wgmma::fence_operands(s);
-
-      if constexpr (kMasked) mask.template mask_tile<typename Traits::ScoreFragments, kBlockN>(s, warp_m0 + g, n0, t);
-      float alpha[Softmax::kRows];
-      [[maybe_unused]] const bool raised = __any_sync(kFullWarpMask, softmax.template step<false>(s, alpha, scale_log2));
-
-      if constexpr (!kFirst) {  // tile 0 meets O = 0: nothing to rescale
-        wgmma::wait_group<0>();
-        wgmma::fence_operands(o);
-        wgmma::fence_operands(p_prev);
-        if (raised) Softmax::template rescale<typename Traits::OutFragments>(o, alpha);
-      }
-      // P into the A registers of P(i-1), free now that its product has landed: reusing them
-      // is what keeps the compiler from serializing the wgmma pipeline (ptxas would otherwise
-      // see registers of an in-flight wgmma being redefined).
-      Softmax::template pack<Element>(s, p_prev);
+      // S(i), then P(i-1) V(i-1) from the other buffer; no buffer is handed back (the barrier above does that).
+      attend_tile<Traits, kMasked, kFirst>(o, p_prev, softmax, mask, q_desc,
+                                           wgmma::advance(k_desc, stage * Traits::kKVTileBytes),
+                                           wgmma::advance(v_desc, (1 - stage) * Traits::kKVTileBytes), warp_m0 + g,
+                                           n0, t, scale_log2, [] {}, [] {});
     };
 
     attend_key_tile(0, std::true_type{}, std::true_type{});
@@ -362,13 +424,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
     mma::wait_copies<0>();
     wgmma::fence_proxy_async();
     __syncthreads();
-    wgmma::fence_operands(o);
-    wgmma::fence_operands(p_prev);
-    wgmma::fence();
-    issue_pv<Traits>(o, p_prev, wgmma::advance(v_desc, ((n_visits - 1) % 2) * Traits::kKVTileBytes));
-    wgmma::commit_group();
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(o);
+    attend_last_values<Traits>(o, p_prev, wgmma::advance(v_desc, ((n_visits - 1) % 2) * Traits::kKVTileBytes));
   }
 
   float inv_sum[Softmax::kRows];
@@ -380,19 +436,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
                                                                        inv_sum, softmax, t);
     return;
   }
-  write_lse(p, blk, warp_m0 + g, softmax, t);
-
-  // O leaves through the warp's own 16 Q rows in shared memory, as 16 B row-contiguous
-  // stores. Every S product (the only reader of Q) completed before the last barrier, so
-  // the rows are free; only this warp touches them now. Fragment writes: a quad fills one
-  // 16 B chunk, eight rows with distinct swizzles: conflict-free.
-  stage_output<typename Traits::OutFragments, Element>(o, inv_sum, g, t, [&](int row, int dt) {
-    return reinterpret_cast<uint32_t*>(q_smem + tile_offset<Traits, kBlockM>(warp_row + row, dt));
-  });
-  __syncwarp();
-  store_staged_rows<16, Traits::kChunksPerRow>(
-      blk.o_row<Element>(p, warp_m0), p.o_row_stride, blk.seqlen_q - warp_m0, lane,
-      [&](int row, int chunk) { return q_smem + tile_offset<Traits, kBlockM>(warp_row + row, chunk); });
+  write_block_output<Traits>(p, blk, o, inv_sum, softmax, q_smem, warp_row, warp_m0, lane);
 }
 
 // Merge of split-KV pieces, kHeadDim / 4 threads per row, 4 columns each: with piece LSEs
