@@ -26,7 +26,7 @@ bool is_cuda_backend(Backend b) {
 // The backends that read the sequence-layout fields (varlen, seqused, paged); every other one
 // refuses params that set them.
 bool handles_sequence_layout(Backend b) {
-  return b == Backend::kCPU || b == Backend::kDecode;
+  return b == Backend::kCPU || b == Backend::kDecode || b == Backend::kMma || b == Backend::kWgmma;
 }
 
 Status check_nonnegative(int64_t value, const char* name) {
@@ -281,14 +281,24 @@ bool fits_one_wave(const AttentionParams& p) {
 
 Backend select_backend(const AttentionParams& p) {
   if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
-  // Sequence layouts (varlen, seqused, paged) run on decode alone among the CUDA paths; where it
-  // cannot, its can_implement says why. Dense calls with few query rows per kv head (decode,
-  // speculative verify) go there too: it packs the rows of a kv head's query heads into one
-  // tile and reads each K/V byte once per kv head, where the flash paths give every query head
-  // a 128-row tile of its own and read the keys once per query head.
-  if (!p.is_dense()) return Backend::kDecode;
+  // Calls with few query rows per kv head (decode, speculative verify) go to decode: it packs
+  // the rows of a kv head's query heads into one tile and reads each K/V byte once per kv head,
+  // where the flash paths give every query head a 128-row tile of its own and read the keys once
+  // per query head. With a sequence layout (varlen, seqused, paged) seqlen_q is the longest
+  // sequence's length (max_seqlen_q).
   if (p.heads_kv > 0 && p.seqlen_q * (p.heads / p.heads_kv) <= 64 && can_implement(p, Backend::kDecode).ok())
     return Backend::kDecode;
+  // Sequence layouts with longer queries (prefill, chunked prefill on a paged cache) run on the
+  // tensor-core flash paths: wgmma at head dim 128 and on paged caches, mma for packed K/V at head
+  // dim 64 (where its sequence kernel led wgmma's by 4-7% on an H100,
+  // benchmarks/results/nvidia-h100-80gb-hbm3-20261123/varlen/). What they refuse goes to decode
+  // (whose can_implement then says why, if it cannot either).
+  if (!p.is_dense()) {
+    const bool wgmma_wins = p.head_dim == 128 || p.is_paged();
+    if (p.dtype != DType::kFloat32 && wgmma_wins && can_implement(p, Backend::kWgmma).ok()) return Backend::kWgmma;
+    if (can_implement(p, Backend::kMma).ok()) return Backend::kMma;
+    return Backend::kDecode;
+  }
   // On CUDA at the specialized head dims: mma (tensor cores; fp32 through 3xTF32) is ahead of
   // SDPA's FlashAttention-2 in fp16/bf16 and of SDPA's efficient kernel in fp32 on an H100
   // (benchmarks/results/*/fa2-*/summary.md), but needs sm_80+ and aligned data. What it

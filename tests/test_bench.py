@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from reference import attention_ref  # tests/reference.py: the float64 truth every test uses
-from waveboost.bench import cli, grid, impls, main, measure, report
+from reference import attention_backward_ref, attention_ref  # tests/reference.py: the float64 truth every test uses
+from waveboost.bench import cli, grid, hardware, impls, main, measure, report
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 TINY = ["--device", "cpu", "--seqlens", "16,33", "--heads", "4", "--kv-heads", "2", "--head-dims", "8",
@@ -342,3 +342,245 @@ def test_estimate_grows_with_the_grid():
     small, rate = cli.estimate_cpu_minutes(grid.expand("quick", "cpu"), 1, settings)
     large, _ = cli.estimate_cpu_minutes(grid.expand("models", "cpu"), 2, settings)
     assert rate > 0 and 0 < small < large
+
+
+# ---- passes: backward alone and forward + backward --------------------------------------------
+
+PEERS = "numpy,waveboost_cpu,torch_sdpa,jax_xla"
+
+
+def test_pass_flops_are_2_5x_and_3_5x_the_forward():
+    fwd = grid.Case(2, 512, 4, 4, 64, "float32", True)
+    assert fwd.flops == 4 * 2 * 4 * 512 * 512 * 64 / 2
+    assert grid.Case(2, 512, 4, 4, 64, "float32", True, pass_name="bwd").flops == 2.5 * fwd.flops
+    assert grid.Case(2, 512, 4, 4, 64, "float32", True, pass_name="fwdbwd").flops == 3.5 * fwd.flops
+    with pytest.raises(ValueError, match="pass must be one of"):
+        grid.Case(2, 512, 4, 4, 64, "float32", True, pass_name="backward")
+
+
+def test_train_preset_is_causal_fwdbwd_at_model_shapes():
+    gpu = grid.expand("train", "cuda")
+    assert {c.pass_name for c in gpu} == {"fwdbwd"} and all(c.causal for c in gpu)
+    assert {c.dtype for c in gpu} == {"float16", "bfloat16"}
+    assert any(c.kv_heads < c.heads for c in gpu) and {c.head_dim for c in gpu} == {64, 128}
+    cpu = grid.expand("train", "cpu")
+    assert {c.dtype for c in cpu} == {"float32"} and all(c.flops < 1e9 for c in cpu)
+    both = grid.expand("train", "cpu", passes=grid.parse_passes("fwd,bwd"))
+    assert {c.pass_name for c in both} == {"fwd", "bwd"} and len(both) == 2 * len(cpu)
+    with pytest.raises(ValueError, match="--pass"):
+        grid.parse_passes("fwd,backward")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float64_gradients_match_tests_reference(causal):
+    rng = np.random.default_rng(2)
+    q, dout = (rng.standard_normal((1, 19, 4, 16)) for _ in range(2))
+    k, v = (rng.standard_normal((1, 23, 2, 16)) for _ in range(2))  # Lq != Lk, GQA 2
+    dq, dk, dv = attention_backward_ref(dout, q, k, v, causal=causal)
+    got = [measure._attention_grads_f64(q[0, :, h], k[0, :, h // 2], v[0, :, h // 2], dout[0, :, h], causal)
+           for h in range(4)]
+    assert all(np.allclose(g[1], dq[0, :, h]) for h, g in enumerate(got))
+    assert np.allclose(got[0][2] + got[1][2], dk[0, :, 0]) and np.allclose(got[2][3] + got[3][3], dv[0, :, 1])
+    ref, _ = attention_ref(q, k, v, causal=causal)
+    assert all(np.allclose(g[0], ref[0, :, h]) for h, g in enumerate(got))
+    torch = pytest.importorskip("torch")  # the branch CUDA cells use
+    as_torch = measure._attention_grads_f64(*(torch.from_numpy(t[0, :, 0]) for t in (q, k, v, dout)), causal)
+    assert all(np.allclose(a.numpy(), b) for a, b in zip(as_torch, got[0]))
+
+
+def test_backward_passes_through_the_cli_with_peers(tmp_path, capsys):
+    out = tmp_path / "run"
+    one_length = [{"16,33": "33", "both": "1"}.get(a, a) for a in TINY]  # two cells: bwd and fwdbwd
+    assert main(one_length + ["--pass", "bwd,fwdbwd", "--impls", PEERS, "--out", str(out), "--no-charts"]) == 0
+    text = capsys.readouterr().out
+    assert "backward 2.5x that, fwdbwd 3.5x" in text
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {r["pass_name"] for r in rows} == {"bwd", "fwdbwd"}
+    ran = {r["impl"] for r in rows}
+    assert {"numpy", "waveboost_cpu"} <= ran
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-5 for r in rows), [(r["impl"], r["reason"]) for r in rows]
+    cases = grid.expand("quick", "cpu", seqlens=(33,), heads=(4,), kv_heads=(2,), head_dims=(8,),
+                        causal=(True,), passes=("bwd",))
+    assert sorted(r["tflops"] * r["median_ms"] * 1e9 for r in rows if r["impl"] == "numpy" and
+                  r["pass_name"] == "bwd") == pytest.approx(sorted(c.flops for c in cases))
+    with open(out / "latency.csv") as f:
+        assert {r["pass_name"] for r in csv.DictReader(f)} == {"bwd", "fwdbwd"}
+
+
+@contextmanager
+def _gqa_grads_of_one_head(case, x):
+    """dk and dv of a kv head taken from the first of its query heads only: the GQA reduction missing."""
+    with impls._numpy_prepare(case, x) as prep:
+        run = prep.run
+
+        def wrong():
+            dq, dk, dv = run()
+            b, lq, h, d = x.q.shape
+            g = h // case.kv_heads
+            one = measure.Inputs(x.q[:, :, ::g], x.k, x.v, x.dout[:, :, ::g])
+            with impls._numpy_prepare(grid.Case(b, lq, h // g, case.kv_heads, d, case.dtype, case.causal,
+                                                pass_name="bwd"), one) as single:
+                _, dk1, dv1 = single.run()
+            return dq, dk1, dv1
+        prep.run = wrong
+        yield prep
+
+
+@contextmanager
+def _wrong_scale_grads(case, x):
+    with impls._numpy_prepare(case, measure.Inputs(x.q * 2, x.k, x.v, x.dout)) as prep:
+        yield prep
+
+
+def test_wrong_gradients_are_reported(tmp_path, monkeypatch):
+    fake = [impls.Impl("numpy", impls._numpy_prepare, lambda: None, applies=impls._any_pass),
+            impls.Impl("no_gqa_sum", _gqa_grads_of_one_head, lambda: None, applies=impls._any_pass),
+            impls.Impl("wrong_scale", _wrong_scale_grads, lambda: None, applies=impls._any_pass)]
+    monkeypatch.setattr(impls, "registry", lambda device: fake)
+    out = tmp_path / "run"
+    assert main(TINY + ["--pass", "bwd", "--out", str(out), "--no-charts"]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    by = {(r["impl"], r["seqlen"], r["causal"]): r for r in rows}
+    assert all(r["status"] == "ok" for k, r in by.items() if k[0] == "numpy")
+    assert all(r["status"] == "WRONG" and r["rel_err"] > 0.1 and r.get("median_ms") is None
+               for k, r in by.items() if k[0] != "numpy")
+
+
+def test_forward_only_implementations_sit_out_the_backward(monkeypatch):
+    fake = [impls.Impl("numpy", impls._numpy_prepare, lambda: None, applies=impls._any_pass),
+            impls.Impl("forward_only", impls._numpy_prepare, lambda: None)]
+    cases = grid.expand("quick", "cpu", passes=("bwd",))
+    assert [i.name for i in cli.applicable(fake, cases)] == ["numpy"]
+    cuda = {i.name: i for i in impls.registry("cuda")}
+    bwd = grid.Case(1, 1024, 16, 16, 128, "bfloat16", True, pass_name="bwd")
+    decode = grid.Case(8, 4096, 32, 8, 128, "bfloat16", False, layout="kvcache", seqlen_q=1)
+    for name in ("waveboost_naive", "waveboost_auto", "waveboost_auto_det", "sdpa_flash", "sdpa_cudnn", "sdpa_eff",
+                 "jax_cudnn", "fa3"):
+        assert cuda[name].applies(bwd), name
+    assert not cuda["waveboost_simt"].applies(bwd) and not cuda["waveboost_wmma"].applies(bwd)
+    assert not cuda["waveboost_naive"].applies(decode) and impls._backend_applies("decode", set())(decode)
+    assert not impls._backend_applies("decode", set())(bwd) and impls._backend_applies("mma", {"mma"})(bwd)
+    assert not cuda["fa3"].applies(decode) and cuda["fa3_kvcache"].applies(decode)
+    assert cuda["waveboost_auto"].applies(decode) and cuda["sdpa_cudnn"].applies(decode)
+    assert cuda["fa3"].missing() and cuda["fa3_kvcache"].missing()  # no GPU here: a reason, not a crash
+
+
+# ---- serving presets: decode, paged, varlen ---------------------------------------------------
+
+def test_serving_cells_count_bytes_and_bottom_right_flops():
+    case = grid.Case(4, 512, 8, 2, 64, "bfloat16", False, layout="kvcache", seqlen_q=1)
+    assert case.bytes_moved == 2 * 4 * 512 * 2 * 64 * 2 + 2 * 4 * 1 * 8 * 64 * 2
+    assert case.flops == 4 * 4 * 8 * 1 * 512 * 64
+    verify = grid.Case(1, 16, 2, 2, 8, "float32", True, layout="kvcache", seqlen_q=4)
+    assert verify.flops == 4 * 2 * 8 * (13 + 14 + 15 + 16)  # query i sees i + 13 keys
+    varlen = grid.Case(5, 100, 2, 2, 8, "float32", False, layout="varlen", seqlen_q=1)
+    assert varlen.kv_lengths == (50, 75, 100, 125, 150) and sum(varlen.kv_lengths) == 5 * 100
+    with pytest.raises(ValueError, match="forward-only"):
+        grid.Case(1, 64, 2, 2, 8, "float32", False, layout="paged", page_size=16, seqlen_q=1, pass_name="bwd")
+    with pytest.raises(ValueError, match="multiple of page_size"):
+        grid.Case(1, 60, 2, 2, 8, "float32", False, layout="paged", page_size=16, seqlen_q=1)
+
+
+@pytest.mark.parametrize("preset", grid.SERVING_PRESETS)
+def test_serving_presets_run_on_the_cpu_beside_peers(preset, tmp_path, capsys):
+    out = tmp_path / preset
+    peers = PEERS if preset != "paged" else "numpy,waveboost_cpu,torch_sdpa"  # JAX's dense cache: as in decode
+    assert main(["--device", "cpu", "--preset", preset, "--impls", peers, "--repeats", "3", "--budget-ms", "2",
+                 "--plain", "--no-charts", "--peak-gbs", "50", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "GB/s = (K/V cache bytes read + q read + out written) / time" in text and "(--peak-gbs)" in text
+    result = json.loads((out / "results.json").read_text())
+    assert result["settings"]["peak_gbs"] == 50
+    rows = result["rows"]
+    layouts = {r["layout"] for r in rows}
+    assert layouts == {"decode": {"kvcache"}, "paged": {"kvcache", "paged"}, "varlen": {"varlen"}}[preset]
+    ours = [r for r in rows if r["impl"] == "waveboost_cpu"]
+    assert ours and all(r["status"] == "ok" and r["rel_err"] < 1e-5 for r in ours)
+    for r in rows:
+        if r["status"] == "ok":
+            case = grid.Case(**{k: r[k] for k in report.CASE_COLUMNS})
+            assert r["gb_s"] == pytest.approx(case.bytes_moved / (r["median_ms"] * 1e-3) / 1e9)
+            assert r["pct_peak"] == pytest.approx(100 * r["gb_s"] / 50)
+        else:  # a peer that cannot express the cell says why
+            assert r["impl"] != "waveboost_cpu" and r["status"] == "unsupported" and r["reason"]
+    assert sum(r["status"] == "ok" for r in rows) >= 3 * len({report.cell_key(r) for r in rows})
+    summary = (out / "summary.md").read_text()
+    assert "GB/s (% of peak)" in summary
+
+
+def test_serving_preset_refuses_the_backward(capsys):
+    with pytest.raises(SystemExit):
+        main(["--device", "cpu", "--preset", "decode", "--pass", "bwd"])
+    assert "forward-only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, gbs", [("NVIDIA H100 80GB HBM3", 3350), ("NVIDIA H200", 4800),
+                                       ("NVIDIA H100 PCIe", 2000), ("NVIDIA GH200 480GB", 4000),
+                                       ("NVIDIA A100-SXM4-80GB", 2039)])
+def test_peak_bandwidth_table(name, gbs):
+    peak, source = hardware.peak_bandwidth("cuda", name)
+    assert peak == gbs and source.startswith("table: ")
+    assert hardware.peak_bandwidth("cuda", name, override=1234.0) == (1234.0, "--peak-gbs")
+    assert hardware.peak_bandwidth("cpu", "AMD EPYC")[0] is None
+
+
+def test_standalone_scripts_are_thin_wrappers_of_the_suite(tmp_path):
+    import os
+    import runpy
+
+    here = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
+    backward = runpy.run_path(os.path.join(here, "backward_bench.py"), run_name="wrapper")
+    args = cli.build_parser().parse_args(backward["DEFAULTS"])
+    cases = grid.expand(args.preset, "cuda", seqlens=grid.parse_ints(args.seqlens),
+                        dtypes=grid.parse_dtypes(args.dtypes), passes=grid.parse_passes(args.passes))
+    assert {c.pass_name for c in cases} == {"bwd", "fwdbwd"} and {c.seqlen for c in cases} == {1024, 4096}
+    chosen = {i.name for i in cli.applicable(cli.select(impls.registry("cuda"), args.impls), cases)}
+    assert {"waveboost_auto", "waveboost_auto_det", "sdpa_flash", "fa3"} <= chosen and "waveboost_simt" not in chosen
+    decode = runpy.run_path(os.path.join(here, "decode_bench.py"), run_name="wrapper")
+    out = tmp_path / "decode"
+    assert decode["run"](["--device", "cpu", "--impls", "numpy,waveboost_cpu", "--repeats", "3", "--budget-ms", "2",
+                          "--plain", "--no-charts", "--out", str(out)]) == 0
+    for preset in grid.SERVING_PRESETS:
+        result = json.loads((out / preset / "results.json").read_text())
+        assert result["settings"]["preset"] == preset and result["settings"]["cuda_graphs"] is True
+        assert all(r["status"] == "ok" for r in result["rows"])
+
+
+class _FakeFA3:
+    """flash_attn3_jax's kv-cache entry point, written with jax.nn.dot_product_attention, to run the
+    FlashAttention-3 kv-cache adapter's plumbing (splits, paged caches, jitted decode loops) on the CPU."""
+
+    def __init__(self):
+        self.splits_seen = set()
+
+    def flash_mha_with_kvcache(self, q, k_cache, v_cache, cache_seqlens=None, page_table=None, is_causal=False,
+                               num_splits=1):
+        import jax
+        self.splits_seen.add(num_splits)
+        if page_table is not None:
+            b, pages = page_table.shape
+            k_cache, v_cache = (c[page_table].reshape(b, pages * c.shape[1], *c.shape[2:]) for c in (k_cache, v_cache))
+        lk, lq = k_cache.shape[1], q.shape[1]
+        window = {"local_window_size": (lk, lk - lq)} if is_causal and lq > 1 else {}
+        return jax.nn.dot_product_attention(q, k_cache, v_cache, key_value_seq_lengths=cache_seqlens, **window)
+
+
+@pytest.mark.parametrize("case", [
+    grid.Case(2, 64, 4, 2, 16, "float32", True, layout="paged", seqlen_q=3, page_size=16),
+    grid.Case(3, 48, 4, 1, 16, "float32", False, layout="varlen", seqlen_q=1),
+], ids=lambda c: c.title())
+def test_flash_attention_3_kvcache_adapter_with_a_stand_in(case, monkeypatch):
+    pytest.importorskip("jax")
+    fake = _FakeFA3()
+    real = impls.module
+    monkeypatch.setattr(impls, "module", lambda name: fake if name == "flash_attn3_jax" else real(name))
+    monkeypatch.setattr(impls, "_fa3_check", lambda case: None)
+    monkeypatch.setattr(impls, "_jax_to_bshd", lambda on_cpu: np.asarray)
+    monkeypatch.setattr(impls, "DECODE_LOOP_STEPS", 2)  # one cache, two steps per program: a short compile
+    monkeypatch.setattr(impls, "L2_BYTES", 1)
+    (impl,) = [i for i in impls.registry("cuda") if i.name == "fa3_kvcache"]
+    inputs = measure.make_inputs(case, "cpu", seed=7)
+    settings = measure.Settings(device="cpu", repeats=3, budget_s=0.001, mem_limit_bytes=1e9)
+    row = measure.run_cell(case, impl, inputs, measure.Reference(case, inputs), settings)
+    assert row["status"] == "ok" and row["rel_err"] < 1e-5, row
+    assert fake.splits_seen == {1, 8, 32} and "num_splits=" in row["reason"]

@@ -383,3 +383,39 @@ def _jax_decode_loop(rng, paged, dtype):
     ref, _ = _ref(as64(qs[:, -1:]), as64(ks), as64(vs), [steps] * batch, False)
     assert rel_err(as64(out), ref) < (1e-5 if dtype == jnp.float32 else 1e-2)
     np.testing.assert_array_equal(np.asarray(lengths), [steps] * batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "mma", "wgmma"])
+@pytest.mark.parametrize("page_size", [None, 16, 256], ids=lambda p: f"page{p}")
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_chunked_prefill_on_tensor_cores(rng, backend, page_size, head_dim):
+    # A prefill chunk of 200 queries appended to caches of different fills, then attending to
+    # them (bottom-right causal): the flash paths' sequence layout (seqused_k, paged pages).
+    import torch
+
+    if backend != "auto" and backend not in waveboost.info()["backends"]:
+        pytest.skip(f"backend {backend!r} is not available on this GPU / build")
+    batch, heads, heads_kv, seqlen_q, max_len = 3, 8, 2, 200, 1024
+    k_np, v_np = _cache(rng, batch, max_len, heads_kv, head_dim)
+    lengths = np.array([0, 77, max_len - seqlen_q - 5], np.int32)
+    q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    k_new = torch.randn(batch, seqlen_q, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
+    v_new = torch.randn(batch, seqlen_q, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.from_numpy(k_np).to("cuda", torch.bfloat16)
+    v_cache = torch.from_numpy(v_np).to("cuda", torch.bfloat16)
+    if page_size is None:
+        k_store, v_store, table = k_cache.clone(), v_cache.clone(), None
+    else:
+        kp, vp, tb = _paged(rng, k_cache.float().cpu().numpy(), v_cache.float().cpu().numpy(), page_size)
+        k_store, v_store = torch.from_numpy(kp).to("cuda", torch.bfloat16), torch.from_numpy(vp).to("cuda", torch.bfloat16)
+        table = torch.from_numpy(tb).cuda()
+    out = torch.full_like(q, float("nan"))
+    waveboost.attention_with_kvcache(q, k_store, v_store, torch.from_numpy(lengths).cuda(), block_table=table,
+                                     k_new=k_new, v_new=v_new, causal=True, out=out, backend=backend)
+    torch.cuda.synchronize()
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    for b, n in enumerate(lengths):
+        expected_k[b, n:n + seqlen_q] = k_new[b]
+        expected_v[b, n:n + seqlen_q] = v_new[b]
+    _half_rule(out, q, expected_k, expected_v, lengths + seqlen_q, True)

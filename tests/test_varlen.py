@@ -423,3 +423,210 @@ def test_jax_varlen_under_jit(rng, paged):
         with pytest.raises(TypeError, match="cu_seqlens_k must have dtype int32"):
             wbj.attention_varlen(jq, jax.numpy.asarray(packed), jax.numpy.asarray(packed), jcu_q,
                                  jcu_k.astype(jax.numpy.float32))
+
+
+# ---- GPU: the tensor-core flash paths (mma, wgmma) on sequence layouts --------------------------
+
+TC_BACKENDS = ("mma", "wgmma")
+
+
+def _require_backend(backend):
+    if backend not in waveboost.info()["backends"]:
+        pytest.skip(f"backend {backend!r} is not available on this GPU / build")
+
+
+def _check_gpu_lse(lse, q, k, v, cu_q, cu_k, causal, seqused_k=None):
+    """lse (heads, total_q) against the float64 reference per sequence; -inf exactly where it must be."""
+    import torch
+
+    from reference import attention_ref_torch
+
+    scale = 1 / math.sqrt(q.shape[-1])
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b])
+        k1 = k0 + int(seqused_k[b]) if seqused_k is not None else int(cu_k[b + 1])
+        if q1 == q0:
+            continue
+        _, ref = attention_ref_torch(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, scale)
+        got = lse[:, q0:q1].double()
+        ref = ref[0]
+        assert torch.equal(torch.isneginf(got), torch.isneginf(ref)), f"sequence {b}: LSE -inf rows differ"
+        finite = torch.isfinite(ref)
+        assert bool(torch.isfinite(got[finite]).all()), f"sequence {b}: non-finite LSE"
+        if bool(finite.any()):
+            assert float((got[finite] - ref[finite]).abs().max()) < 1e-3, f"sequence {b}: LSE off"
+
+
+def _lengths_tc(rng, batch, long_len, short_max=300):
+    """Lengths with 0 and 1, short ones up to short_max (tails of every tile size) and one long."""
+    lengths = list(rng.integers(2, short_max, size=batch))
+    lengths[0] = 0
+    lengths[1] = 1
+    lengths[int(rng.integers(2, batch))] = long_len
+    return np.array(lengths)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", TC_BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads,heads_kv", [(4, 4), (8, 2), (8, 1)], ids=["mha", "gqa4", "mqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_varlen_tensor_core(rng, backend, dtype, head_dim, heads, heads_kv, causal):
+    # Random lengths (0, 1, short tails, one long among them), Lq and Lk independent per sequence
+    # (causal rows with no key where Lq > Lk), every row checked, LSE included.
+    import torch
+
+    _require_backend(backend)
+    batch = 7
+    lq, lk = _lengths_tc(rng, batch, 1100), _lengths_tc(rng, batch, 1300)
+    cu_q, cu_k = cu_seqlens(lq), cu_seqlens(lk)
+    tdtype = getattr(torch, dtype)
+    q = torch.randn(int(cu_q[-1]), heads, head_dim, device="cuda", dtype=tdtype)
+    k = torch.randn(int(cu_k[-1]), heads_kv, head_dim, device="cuda", dtype=tdtype)
+    v = torch.randn(int(cu_k[-1]), heads_kv, head_dim, device="cuda", dtype=tdtype)
+    out = torch.full_like(q, float("nan"))
+    _, lse = waveboost.attention_varlen(
+        q, k, v, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(), max_seqlen_q=int(lq.max()),
+        max_seqlen_k=int(lk.max()), causal=causal, out=out, return_lse=True, backend=backend)
+    torch.cuda.synchronize()
+    _assert_half_rule(out, (q, k, v), cu_q, cu_k, causal)
+    _check_gpu_lse(lse, q, k, v, cu_q, cu_k, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", TC_BACKENDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_varlen_seqused_k_tensor_core(rng, backend, causal):
+    import torch
+
+    _require_backend(backend)
+    batch, heads, heads_kv, head_dim = 5, 8, 2, 128
+    lq = np.array([0, 1, 130, 257, 64])
+    lk = np.array([40, 3, 700, 300, 1])
+    used = np.array([40, 0, 513, 129, 1], np.int32)
+    cu_q, cu_k = cu_seqlens(lq), cu_seqlens(lk)
+    q = torch.randn(int(cu_q[-1]), heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(int(cu_k[-1]), heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(int(cu_k[-1]), heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    _, lse = waveboost.attention_varlen(
+        q, k, v, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(), max_seqlen_q=int(lq.max()),
+        max_seqlen_k=int(lk.max()), seqused_k=torch.from_numpy(used).cuda(), causal=causal, out=out,
+        return_lse=True, backend=backend)
+    torch.cuda.synchronize()
+    _assert_half_rule(out, (q, k, v), cu_q, cu_k, causal, seqused_k=used)
+    _check_gpu_lse(lse, q, k, v, cu_q, cu_k, causal, seqused_k=used)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", TC_BACKENDS)
+@pytest.mark.parametrize("page_size", [16, 256])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_paged_prefill_tensor_core(rng, backend, page_size, head_dim, causal):
+    # Chunked prefill on a paged cache: each sequence's new queries against its cached keys, pages
+    # shuffled (not contiguous, spare pages in the pool), fills with tails of every tile size.
+    import torch
+
+    _require_backend(backend)
+    batch, heads, heads_kv = 4, 8, 2
+    max_len = page_size * max(1, -(-1100 // page_size))
+    cache = rng.standard_normal((batch, max_len, heads_kv, head_dim)).astype(np.float32)
+    cache_v = rng.standard_normal((batch, max_len, heads_kv, head_dim)).astype(np.float32)
+    k_pages, table = paged_from_contiguous(rng, cache, page_size)
+    v_pages = np.empty_like(k_pages)
+    v_pages[:] = rng.standard_normal(v_pages.shape)
+    for b in range(batch):
+        for i in range(table.shape[1]):
+            v_pages[table[b, i]] = cache_v[b, i * page_size:(i + 1) * page_size]
+    used = np.array([0, 1, 1037, 300], np.int32)
+    lq = np.array([3, 1, 400, 300])
+    cu_q = cu_seqlens(lq)
+    tq = torch.randn(int(cu_q[-1]), heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    tk, tv = (torch.from_numpy(x).to("cuda", torch.bfloat16) for x in (k_pages, v_pages))
+    out = torch.full_like(tq, float("nan"))
+    _, lse = waveboost.attention_varlen(
+        tq, tk, tv, torch.from_numpy(cu_q).cuda(), None, max_seqlen_q=int(lq.max()),
+        block_table=torch.from_numpy(table).cuda(), seqused_k=torch.from_numpy(used).cuda(), causal=causal, out=out,
+        return_lse=True, backend=backend)
+    torch.cuda.synchronize()
+    flat_k = torch.stack([torch.cat([tk[int(p)] for p in table[b]]) for b in range(batch)]).flatten(0, 1)
+    flat_v = torch.stack([torch.cat([tv[int(p)] for p in table[b]]) for b in range(batch)]).flatten(0, 1)
+    cu_k = np.arange(batch + 1) * max_len
+    _assert_half_rule(out, (tq, flat_k, flat_v), cu_q, cu_k, causal, seqused_k=used)
+    _check_gpu_lse(lse, tq, flat_k, flat_v, cu_q, cu_k, causal, seqused_k=used)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", TC_BACKENDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_varlen_equals_dense_on_equal_lengths(rng, backend, causal):
+    # Equal lengths packed: the sequence-layout kernel does each sequence's work as the dense one does.
+    import torch
+
+    _require_backend(backend)
+    b, lq, lk, h, hkv, d = 4, 300, 517, 8, 2, 128  # 96 blocks of 128 rows: no split-KV on wgmma
+    q = torch.randn(b, lq, h, d, device="cuda", dtype=torch.float16)
+    k = torch.randn(b, lk, hkv, d, device="cuda", dtype=torch.float16)
+    v = torch.randn(b, lk, hkv, d, device="cuda", dtype=torch.float16)
+    dense, dense_lse = waveboost.attention(q, k, v, causal=causal, return_lse=True, backend=backend)
+    out, lse = waveboost.attention_varlen(
+        q.reshape(b * lq, h, d), k.reshape(b * lk, hkv, d), v.reshape(b * lk, hkv, d),
+        torch.from_numpy(cu_seqlens([lq] * b)).cuda(), torch.from_numpy(cu_seqlens([lk] * b)).cuda(),
+        max_seqlen_q=lq, max_seqlen_k=lk, causal=causal, return_lse=True, backend=backend)
+    torch.cuda.synchronize()
+    assert torch.equal(out.reshape(b, lq, h, d), dense)
+    assert torch.equal(lse.reshape(h, b, lq).transpose(0, 1), dense_lse)
+
+
+def _resolved_sequences(q, k, v, cu_q, cu_k, max_q, max_k, block_table=None, seqused_k=None):
+    """The backend attention_varlen's "auto" picks for these tensors (checked, not launched)."""
+    from waveboost import _waveboost
+
+    return _waveboost.forward_sequences(q, k, v, torch_empty_like(q), None, cu_q, cu_k, seqused_k, block_table, max_q,
+                                        max_k, True, None, "auto", 0, True)
+
+
+def torch_empty_like(x):
+    import torch
+
+    return torch.empty_like(x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_auto_picks_tensor_cores_for_prefill_and_decode_for_few_queries(dtype, head_dim):
+    import torch
+
+    tdtype = getattr(torch, dtype)
+    info = waveboost.info()
+    flash = [b for b in TC_BACKENDS if b in info["backends"]]
+    if not flash or "decode" not in info["backends"]:
+        pytest.skip(f"needs decode and a tensor-core flash backend; this GPU / build has {info['backends']}")
+    heads, heads_kv, batch = 8, 2, 4
+    lengths = np.array([700, 1, 2048, 0])
+    cu = torch.from_numpy(cu_seqlens(lengths)).cuda()
+    q = torch.randn(int(lengths.sum()), heads, head_dim, device="cuda", dtype=tdtype)
+    k = torch.randn(int(lengths.sum()), heads_kv, head_dim, device="cuda", dtype=tdtype)
+    # wgmma at head dim 128 and on paged caches, mma for packed K/V at head dim 64 (the measured rule).
+    wgmma = "wgmma" if "wgmma" in flash else "mma"
+    assert _resolved_sequences(q, k, k, cu, cu, 2048, 2048) == (wgmma if head_dim == 128 else "mma")
+    # One new query per sequence against the same keys: decode.
+    q1 = torch.randn(batch, heads, head_dim, device="cuda", dtype=tdtype)
+    cu1 = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    assert _resolved_sequences(q1, k, k, cu1, cu, 1, 2048) == "decode"
+    # Paged chunked prefill: a flash path; paged decode: decode.
+    pages = torch.randn(64, 256, heads_kv, head_dim, device="cuda", dtype=tdtype)
+    table = torch.randperm(64, device="cuda").reshape(batch, 16).to(torch.int32)
+    used = torch.tensor([700, 1, 2048, 0], dtype=torch.int32, device="cuda")
+    assert _resolved_sequences(q, pages, pages, cu, None, 2048, None, table, used) == wgmma
+    assert _resolved_sequences(q1, pages, pages, cu1, None, 1, None, table, used) == "decode"
+    # What the flash paths refuse (a page size that is not a power of two) still runs, on decode.
+    odd = torch.randn(64, 48, heads_kv, head_dim, device="cuda", dtype=tdtype)
+    assert _resolved_sequences(q, odd, odd, cu, None, 2048, None, table, used) == "decode"
+    for backend in flash:
+        with pytest.raises(ValueError, match="power of two"):
+            waveboost.attention_varlen(q, odd, odd, cu, None, max_seqlen_q=2048, block_table=table, seqused_k=used,
+                                       backend=backend)

@@ -721,8 +721,9 @@ def attention_varlen(
         out: optional preallocated output, q's shape, dtype and device. Rows of ``q`` past
             ``cu_seqlens_q[-1]`` are not written.
         return_lse: also return the float32 (heads, total_q) natural-log logsumexp.
-        backend: "auto" or a backend whose ``can_implement`` accepts sequence layouts
-            ("cpu"; CUDA backends as they gain it); an unsupported one raises ValueError saying why.
+        backend: "auto" or a backend whose ``can_implement`` accepts sequence layouts ("cpu";
+            on CUDA "decode", and "mma" / "wgmma" for float16 and bfloat16 with page sizes that are
+            powers of two); an unsupported one raises ValueError saying why.
         validate: copy the index arrays to the host (synchronizes) and check them first:
             cu_seqlens start at 0, are non-decreasing and stay within the packed rows; lengths fit
             max_seqlen_*; seqused_k within each sequence's capacity; page ids in range. Raises
@@ -828,7 +829,7 @@ def attention_with_kvcache(
         softmax_scale: defaults to ``1 / sqrt(head_dim)``.
         out: optional preallocated output (q's shape, dtype, device).
         return_lse: also return the float32 (batch, heads, seqlen_q) logsumexp.
-        backend: "auto" or a backend that accepts sequence layouts ("cpu"; CUDA backends as they gain it).
+        backend: "auto" or a backend that accepts sequence layouts ("cpu"; on CUDA "decode", "mma", "wgmma").
         validate: copy cache_seqlens (and block_table) to the host (synchronizes) and check that
             ``cache_seqlens + seqlen_new`` fits the capacity and that the pages in use are in
             range; ValueError otherwise. Without it nothing is read on the host, so a decode step

@@ -23,6 +23,9 @@ Status mma_can_implement(const AttentionParams& p) {
                                             "multiples of ") +
                                 (fp32 ? "4 elements for float32" : "8 elements for float16 and bfloat16"));
   }
+  // A page is read one copy pass (16 keys at most) at a time: page sizes that are multiples of it.
+  static_assert(FlashMmaTraits<__half, 64>::kRowsPerCopyPass <= 16 && FlashMmaTraits<__half, 128>::kRowsPerCopyPass <= 16);
+  if (Status s = flash_sequence_layout_check(p, "mma", 16); !s.ok()) return s;
   int cc = 0;
   if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
   // cp.async, bf16 and tf32 mma.sync: sm_80 and later.

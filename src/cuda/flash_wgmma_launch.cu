@@ -69,6 +69,7 @@ Status wgmma_can_implement(const AttentionParams& p) {
     return Status::NotSupported(
         "backend 'wgmma' needs 16-byte aligned q/k/v/out with strides that are multiples of 8 elements");
   }
+  if (Status s = flash_sequence_layout_check(p, "wgmma", 1); !s.ok()) return s;
   int cc = 0;
   if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
   // wgmma exists on sm_90a alone: code built for it runs on compute capability 9.0 only.
@@ -136,6 +137,9 @@ Status wgmma_forward(const AttentionParams& p, void* stream) {
   if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
   SplitKV split = split_kv_pieces(p.batch * p.heads * ((p.seqlen_q + kWgmmaBlockM - 1) / kWgmmaBlockM),
                                   (p.seqlen_k + kWgmmaBlockN - 1) / kWgmmaBlockN, multiprocessors);
+  // Sequence layouts (varlen, seqused_k, paged) run unsplit: the pieces and their merge are laid
+  // out for dense batches.
+  if (!p.is_dense()) split = SplitKV{};
   if (split.num_splits == 1) return launch(p, split, s);
 
   // The pieces: num_splits x blocks <= SMs, so at most kWgmmaBlockM x SMs rows of head_dim + 1 floats

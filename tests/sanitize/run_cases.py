@@ -6,7 +6,8 @@ key, seqlen_k = 0, BHSD storage seen through transposes, and unaligned views (da
 aligned, odd strides) on the paths that take them. wgmma runs its TMA-pipeline kernel unless
 WAVEBOOST_WGMMA_PIPELINE=cp.async is set (run_sanitizer.sh runs memcheck and racecheck both ways). mma's float32 kernel (3xTF32) and wgmma (compute
 capability 9.0 only: skipped elsewhere) get a few calls each covering the same features, and wgmma's
-split-KV route (small grid, long keys) two more. Shapes are tiny
+split-KV route (small grid, long keys) two more; the serving calls include mma and wgmma on varlen
+and paged inputs. Shapes are tiny
 so racecheck and initcheck finish.
 
 Outputs come from torch.empty (uninitialized) and are read afterwards, so an element a kernel fails to
@@ -157,6 +158,22 @@ def serving_calls(g):
     calls.append(("decode varlen", lambda: waveboost.attention_varlen(
         qv, kv_, vv, cu_q, cu_k, max_seqlen_q=3, max_seqlen_k=9, causal=True, return_lse=True,
         out=torch.empty_like(qv), backend="decode")))
+    # The tensor-core flash paths on sequence layouts: varlen with empty, one-row and tail sequences
+    # (causal rows with no key), and a paged cache with shuffled pages of 16 (chunked prefill).
+    cu_q2 = torch.tensor([0, 0, 1, 131, 200], dtype=torch.int32, device="cuda")
+    cu_k2 = torch.tensor([0, 70, 70, 300, 333], dtype=torch.int32, device="cuda")
+    tc = ["mma"] + (["wgmma"] if torch.cuda.get_device_capability() == (9, 0) else [])
+    for path in tc:
+        for d, causal in ((64, True), (128, False)):
+            q2, k2, v2 = mk(200, 4, d, dtype=fp), mk(333, 2, d, dtype=fp), mk(333, 2, d, dtype=fp)
+            calls.append((f"{path} varlen d={d} causal={causal}", lambda q2=q2, k2=k2, v2=v2, c=causal, p=path:
+                          waveboost.attention_varlen(q2, k2, v2, cu_q2, cu_k2, max_seqlen_q=130, max_seqlen_k=230,
+                                                     causal=c, return_lse=True, out=torch.empty_like(q2),
+                                                     backend=p)))
+        qp = mk(3, 70, 8, d)
+        calls.append((f"{path} paged chunked prefill", lambda qp=qp, p=path: waveboost.attention_with_kvcache(
+            qp, kc, vc, lengths, block_table=table, causal=True, return_lse=True, out=torch.empty_like(qp),
+            backend=p)))
     outs, lses = mk(3, 2, 5, 4, 64, dtype=torch.float32), mk(3, 2, 4, 5, dtype=torch.float32)
     lses[0] = float("-inf")
     calls.append(("merge_attention_states", lambda: waveboost.merge_attention_states(

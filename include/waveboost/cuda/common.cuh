@@ -60,12 +60,21 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
 __host__ __device__ inline bool vector_friendly(const AttentionParams& p, int64_t elements_per_16B) {
   const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
   const auto used = [](int64_t stride, int64_t extent) { return extent > 1 ? stride : int64_t{0}; };
-  const int64_t strides = used(p.q_batch_stride, p.batch) | used(p.q_row_stride, p.seqlen_q) |
-                          used(p.q_head_stride, p.heads) | used(p.o_batch_stride, p.batch) |
-                          used(p.o_row_stride, p.seqlen_q) | used(p.o_head_stride, p.heads) |
-                          used(p.k_batch_stride, p.batch) | used(p.k_row_stride, p.seqlen_k) |
-                          used(p.k_head_stride, p.heads_kv) | used(p.v_batch_stride, p.batch) |
-                          used(p.v_row_stride, p.seqlen_k) | used(p.v_head_stride, p.heads_kv);
+  // Sequence layouts: packed q / out (cu_seqlens_q) step rows across sequences and no batches;
+  // likewise packed k / v (cu_seqlens_k); a paged K / V steps pages (num_pages) and page rows.
+  const bool packed_q = p.cu_seqlens_q != nullptr;
+  const bool packed_k = p.cu_seqlens_k != nullptr;
+  const bool paged = p.block_table != nullptr;
+  const int64_t q_batches = packed_q ? 1 : p.batch;
+  const int64_t q_rows = packed_q && p.batch > 1 ? 2 : p.seqlen_q;
+  const int64_t kv_batches = paged ? p.num_pages : (packed_k ? 1 : p.batch);
+  const int64_t kv_rows = paged ? p.page_size : (packed_k && p.batch > 1 ? 2 : p.seqlen_k);
+  const int64_t strides = used(p.q_batch_stride, q_batches) | used(p.q_row_stride, q_rows) |
+                          used(p.q_head_stride, p.heads) | used(p.o_batch_stride, q_batches) |
+                          used(p.o_row_stride, q_rows) | used(p.o_head_stride, p.heads) |
+                          used(p.k_batch_stride, kv_batches) | used(p.k_row_stride, kv_rows) |
+                          used(p.k_head_stride, p.heads_kv) | used(p.v_batch_stride, kv_batches) |
+                          used(p.v_row_stride, kv_rows) | used(p.v_head_stride, p.heads_kv);
   return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out) && (strides & (elements_per_16B - 1)) == 0;
 }
 
@@ -75,6 +84,30 @@ inline std::string cc_string(int cc) { return std::to_string(cc / 10) + "." + st
 inline Status cuda_status(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::Ok();
   return Status::CudaError(std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+// Ok, or why tensor-core flash path `backend` cannot run p's sequence layout (varlen, seqused_k,
+// paged K/V; core/sequence.cuh): those kernels are 16-bit only, address pages with shifts
+// (page sizes that are powers of two, multiples of `page_multiple` keys) and index a
+// sequence's keys in 32 bits. Dense params: Ok.
+inline Status flash_sequence_layout_check(const AttentionParams& p, const char* backend, int64_t page_multiple) {
+  if (p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.seqused_k == nullptr && p.block_table == nullptr)
+    return Status::Ok();
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
+    return Status::NotSupported(std::string("backend '") + backend +
+                                "' runs varlen, seqused_k and paged inputs in float16 and bfloat16; got " +
+                                dtype_name(p.dtype));
+  if (p.block_table != nullptr) {
+    if ((p.page_size & (p.page_size - 1)) != 0 || p.page_size % page_multiple != 0)
+      return Status::NotSupported(std::string("backend '") + backend + "' needs a page_size that is a power of two" +
+                                  (page_multiple > 1 ? " and at least " + std::to_string(page_multiple) : "") +
+                                  "; got " + std::to_string(p.page_size));
+    if (p.seqlen_k > INT32_MAX)
+      return Status::NotSupported(std::string("backend '") + backend +
+                                  "' supports paged sequences of up to 2147483647 keys (max_pages * page_size); got " +
+                                  std::to_string(p.seqlen_k));
+  }
+  return Status::Ok();
 }
 
 // Launch grid of the mma and wgmma kernels: query blocks of block_m rows in x (at most

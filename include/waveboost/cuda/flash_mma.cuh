@@ -143,6 +143,39 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const typename Traits::
   }
 }
 
+// Issues cp.async for rows [0, kRows) of the K (kValue false) or V tile starting at key n0 of
+// the sequence, `base` being FlashBlock::k_rows / v_rows: contiguous rows (dense, packed)
+// through load_tile; with a paged K / V (kSequences and p.block_table) the page of each copy
+// pass through the block table: a pass covers kRowsPerCopyPass consecutive keys from a multiple
+// of kRowsPerCopyPass, which lie in one page as mma_can_implement requires page sizes that are
+// multiples of it (powers of two), so one lookup serves the pass and the thread's row inside
+// it is the dense offset. kSequences false: dense at compile time.
+template <typename Traits, int kRows, bool kGuarded, bool kValue, bool kSequences>
+__device__ __forceinline__ void load_kv_tile(uint32_t tile, const AttentionParams& p, const FlashBlock& blk,
+                                             const typename Traits::Element* base, int64_t n0, int64_t valid_rows) {
+  using Element = typename Traits::Element;
+  const int64_t row_stride = kValue ? p.v_row_stride : p.k_row_stride;
+  if (!kSequences || p.block_table == nullptr) {
+    load_tile<Traits, kRows, kGuarded>(tile, kValue ? blk.v_tile(p, base, n0) : blk.k_tile(p, base, n0), row_stride,
+                                       valid_rows);
+    return;
+  }
+  const int32_t* table_row = blk.page_table(p);
+  const int tid = threadIdx.x;
+  const int chunk = tid % Traits::kChunksPerRow;
+  const int row = tid / Traits::kChunksPerRow;
+  const uint32_t dst = tile + 2 * swizzled<Traits>(row, chunk);
+  const Element* src_row = base + row * row_stride + chunk * Traits::kChunk;
+#pragma unroll
+  for (int i = 0; i < kRows / Traits::kRowsPerCopyPass; ++i) {
+    bool valid = !kGuarded || row + i * Traits::kRowsPerCopyPass < valid_rows;
+    int64_t offset = 0;
+    if (valid) valid = blk.paged_key<kValue>(p, table_row, static_cast<int>(n0) + i * Traits::kRowsPerCopyPass, offset);
+    mma::copy_async_16B(dst + i * Traits::kRowsPerCopyPass * Traits::kHeadDim * 2, valid ? src_row + offset : base,
+                        valid);
+  }
+}
+
 // ----------------------------------------------------------------------------
 // The two products
 // ----------------------------------------------------------------------------
@@ -205,7 +238,9 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[Traits::kMTiles][Traits
 // One block: kBlockM query rows of one (batch, head)
 // ----------------------------------------------------------------------------
 
-template <typename Traits, typename Mask>
+// kSequences: p may carry a sequence layout (varlen, seqused_k, paged K/V; core/sequence.cuh);
+// the dense kernel (false) compiles with no trace of it.
+template <typename Traits, typename Mask, bool kSequences>
 __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   using Element = typename Traits::Element;
   using Softmax = OnlineSoftmax<typename Traits::ScoreFragments>;
@@ -225,7 +260,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
   const int t = lane % 4;  // thread in the quad
 
   FlashBlock blk;
-  if (!locate_flash_block<Mask>(p, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
+  if (!locate_flash_block<Mask, kSequences>(p, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
   const Mask mask = Mask::of(blk);
   const Element* q = blk.q_rows<Element>(p);
   const Element* k = blk.k_rows<Element>(p);
@@ -249,7 +284,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
     load_tile<Traits, kBlockM, true>(q_tile, q, p.q_row_stride, blk.rows);
     mma::commit_copies();
     const int64_t last_n0 = int64_t{blk.n_tiles - 1} * kBlockN;
-    load_tile<Traits, kBlockN, true>(k_tile, blk.k_tile(p, k, last_n0), p.k_row_stride, blk.seqlen_k - last_n0);
+    load_kv_tile<Traits, kBlockN, true, false, kSequences>(k_tile, p, blk, k, last_n0, blk.seqlen_k - last_n0);
     mma::commit_copies();
 
     // A negative scale: each warp flips the sign bits of its own Q rows once (exact).
@@ -279,9 +314,9 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
       mma::wait_copies<0>();
       __syncthreads();  // K(j) (and Q) visible to every warp; every warp is done reading V(j+1)
       if (kMasked && mask.partial_tile(n0, kBlockN)) {
-        load_tile<Traits, kBlockN, true>(v_tile, blk.v_tile(p, v, n0), p.v_row_stride, blk.seqlen_k - n0);
+        load_kv_tile<Traits, kBlockN, true, true, kSequences>(v_tile, p, blk, v, n0, blk.seqlen_k - n0);
       } else {
-        load_tile<Traits, kBlockN, false>(v_tile, blk.v_tile(p, v, n0), p.v_row_stride, kBlockN);
+        load_kv_tile<Traits, kBlockN, false, true, kSequences>(v_tile, p, blk, v, n0, kBlockN);
       }
       mma::commit_copies();
 
@@ -297,7 +332,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
       mma::wait_copies<0>();
       __syncthreads();  // V(j) visible to every warp; every warp is done reading K(j)
       if (j > 0) {
-        load_tile<Traits, kBlockN, false>(k_tile, blk.k_tile(p, k, n0 - kBlockN), p.k_row_stride, kBlockN);
+        load_kv_tile<Traits, kBlockN, false, false, kSequences>(k_tile, p, blk, k, n0 - kBlockN, kBlockN);
         mma::commit_copies();
       }
       accumulate_pv<Traits>(o, prob, v_lane);
@@ -310,6 +345,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
 
   float inv_sum[Softmax::kRows];
   softmax.finalize(inv_sum);
+  if constexpr (kSequences) blk.reload_query_rows(p);
   write_lse(p, blk, warp_m0 + g, softmax, t);
 
   // O goes through the warp's own Q rows in shared memory (no other warp reads them, and no
@@ -328,14 +364,16 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p) {
 }  // namespace flash_mma
 
 /// \brief Flash attention forward on mma.sync; grid (query blocks, batch*heads folded over y and z).
-/// Two blocks per SM is the design point (255 registers x 128 threads each).
-template <typename Element, int kHeadDim, bool kCausal>
+/// Two blocks per SM is the design point (255 registers x 128 threads each). kSequences: the
+/// instantiation for sequence layouts (varlen, seqused_k, paged), whose grid covers the longest
+/// sequence (p.seqlen_q) and whose blocks past their own sequence's rows exit at once.
+template <typename Element, int kHeadDim, bool kCausal, bool kSequences>
 __global__ void __launch_bounds__(FlashMmaTraits<Element, kHeadDim>::kThreads, 2)
     flash_mma_kernel(const __grid_constant__ AttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // cp.async and bf16 mma need sm_80; mma_can_implement refuses older devices
 #else
-  flash_mma::attend_block<FlashMmaTraits<Element, kHeadDim>, CausalMask<kCausal>>(p);
+  flash_mma::attend_block<FlashMmaTraits<Element, kHeadDim>, CausalMask<kCausal>, kSequences>(p);
 #endif
 }
 
@@ -351,12 +389,12 @@ inline int flash_mma_smem_bytes(int64_t head_dim) {
   }
 }
 
-template <typename Element, int kHeadDim, bool kCausal>
+template <typename Element, int kHeadDim, bool kCausal, bool kSequences>
 Status launch_flash_mma_kernel(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashMmaTraits<Element, kHeadDim>;
   if (Status s = folded_grid_check(p, Traits::kBlockM, "mma"); !s.ok()) return s;
   const FoldedGrid g = folded_grid(p, Traits::kBlockM);
-  const auto kernel = flash_mma_kernel<Element, kHeadDim, kCausal>;
+  const auto kernel = flash_mma_kernel<Element, kHeadDim, kCausal, kSequences>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
@@ -368,8 +406,12 @@ Status launch_flash_mma_kernel(const AttentionParams& p, cudaStream_t stream) {
 /// seqlen_q > 0, as attention_forward guarantees).
 template <typename Element, int kHeadDim>
 Status launch_flash_mma(const AttentionParams& p, cudaStream_t stream) {
-  return p.is_causal ? launch_flash_mma_kernel<Element, kHeadDim, true>(p, stream)
-                     : launch_flash_mma_kernel<Element, kHeadDim, false>(p, stream);
+  if (!p.is_dense()) {
+    return p.is_causal ? launch_flash_mma_kernel<Element, kHeadDim, true, true>(p, stream)
+                       : launch_flash_mma_kernel<Element, kHeadDim, false, true>(p, stream);
+  }
+  return p.is_causal ? launch_flash_mma_kernel<Element, kHeadDim, true, false>(p, stream)
+                     : launch_flash_mma_kernel<Element, kHeadDim, false, false>(p, stream);
 }
 
 extern template Status launch_flash_mma<__half, 64>(const AttentionParams&, cudaStream_t);

@@ -129,6 +129,37 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const typename Traits::
   }
 }
 
+// Issues cp.async for rows [0, kRows) of the K (kValue false) or V tile starting at key n0 of
+// the sequence, `base` being FlashBlock::k_rows / v_rows: contiguous rows (dense, packed)
+// through load_tile; with a paged K / V (kPagedKV, a kernel of its own) each row's page through
+// the block table (FlashBlock::paged_key). The choice is made at compile time: a run-time branch
+// here, in the middle of the software pipeline, is suspected of costing the varlen kernel (see
+// benchmarks/NOTES.md).
+template <typename Traits, int kRows, bool kGuarded, bool kValue, bool kPagedKV>
+__device__ __forceinline__ void load_kv_tile(uint32_t tile, const AttentionParams& p, const FlashBlock& blk,
+                                             const typename Traits::Element* base, int64_t n0, int64_t valid_rows) {
+  using Element = typename Traits::Element;
+  const int64_t row_stride = kValue ? p.v_row_stride : p.k_row_stride;
+  if constexpr (!kPagedKV) {
+    load_tile<Traits, kRows, kGuarded>(tile, kValue ? blk.v_tile(p, base, n0) : blk.k_tile(p, base, n0), row_stride,
+                                       valid_rows);
+  } else {
+    const int32_t* table_row = blk.page_table(p);
+    const int chunk = threadIdx.x % Traits::kChunksPerRow;
+    const int row = threadIdx.x / Traits::kChunksPerRow;
+    const uint32_t dst = tile + tile_offset<Traits, kRows>(row, chunk);
+    const Element* src_chunk = base + chunk * Traits::kChunk;
+#pragma unroll
+    for (int i = 0; i < kRows / Traits::kRowsPerCopyPass; ++i) {
+      const int r = row + i * Traits::kRowsPerCopyPass;
+      bool valid = !kGuarded || r < valid_rows;
+      int64_t offset = 0;
+      if (valid) valid = blk.paged_key<kValue>(p, table_row, static_cast<int>(n0) + r, offset);
+      mma::copy_async_16B(dst + i * Traits::kRowsPerCopyPass * Traits::kRowBytes, src_chunk + offset, valid);
+    }
+  }
+}
+
 // Flips the sign bits of the Q chunks this thread copied (the same chunks load_tile<kBlockM>
 // wrote), after its own copies have completed: no other thread's data is touched.
 template <typename Traits>
@@ -177,13 +208,107 @@ __device__ __forceinline__ void issue_pv(float (&o)[Traits::kOutRegs], const uin
 }
 
 // ----------------------------------------------------------------------------
+// One warpgroup's work on one key tile, and the block's output (both kernels: this one and the
+// TMA-pipeline kernel of flash_wgmma_ws.cuh, which differ only in how K and V arrive)
+// ----------------------------------------------------------------------------
+
+// Key tile i of the visit order (keys n0 ..): S(i) = Q K^T (k_desc), then P(i-1) V(i-1)
+// (v_prev_desc; not on the first tile), waiting for S(i) only; the mask (kMasked), the online
+// softmax step, O rescaled once P(i-1) V(i-1) has landed, P(i) packed into the A registers of
+// P(i-1). on_scores_read() runs once S(i) has completed (K(i)'s buffer is free), on_values_read()
+// once P(i-1) V(i-1) has (V(i-1)'s buffer is free). row: this thread's first accumulator row.
+// kMasked and kFirst are compile-time so that every wgmma batch sits in one basic block after its
+// wgmma.fence (ptxas otherwise injects fences of its own).
+template <typename Traits, bool kMasked, bool kFirst, typename Mask, typename Softmax, typename ScoresRead,
+          typename ValuesRead>
+__device__ __forceinline__ void attend_tile(float (&o)[Traits::kOutRegs], uint32_t (&p_prev)[Traits::kKeySlices][4],
+                                            Softmax& softmax, const Mask& mask, uint64_t q_desc, uint64_t k_desc,
+                                            uint64_t v_prev_desc, int64_t row, int64_t n0, int t, float scale_log2,
+                                            ScoresRead on_scores_read, ValuesRead on_values_read) {
+  float s[Traits::kScoreRegs];
+  if constexpr (!kFirst) {
+    wgmma::fence_operands(o);
+    wgmma::fence_operands(p_prev);
+  }
+  wgmma::fence();
+  issue_scores<Traits>(s, q_desc, k_desc);
+  wgmma::commit_group();
+  if constexpr (!kFirst) {
+    issue_pv<Traits>(o, p_prev, v_prev_desc);
+    wgmma::commit_group();
+    wgmma::wait_group<1>();
+  } else {
+    wgmma::wait_group<0>();
+  }
+  wgmma::fence_operands(s);
+  on_scores_read();
+
+  if constexpr (kMasked) mask.template mask_tile<typename Traits::ScoreFragments, Traits::kBlockN>(s, row, n0, t);
+  float alpha[Softmax::kRows];
+  [[maybe_unused]] const bool raised = __any_sync(kFullWarpMask, softmax.template step<false>(s, alpha, scale_log2));
+
+  if constexpr (!kFirst) {  // tile 0 meets O = 0: nothing to rescale
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(o);
+    wgmma::fence_operands(p_prev);
+    on_values_read();
+    if (raised) Softmax::template rescale<typename Traits::OutFragments>(o, alpha);
+  }
+  // P into the A registers of P(i-1), free now that its product has landed: reusing them
+  // is what keeps the compiler from serializing the wgmma pipeline (ptxas would otherwise
+  // see registers of an in-flight wgmma being redefined).
+  Softmax::template pack<typename Traits::Element>(s, p_prev);
+}
+
+// The last product, P(n-1) V(n-1), once V(n-1) has landed.
+template <typename Traits>
+__device__ __forceinline__ void attend_last_values(float (&o)[Traits::kOutRegs],
+                                                   uint32_t (&p_prev)[Traits::kKeySlices][4], uint64_t v_desc) {
+  wgmma::fence_operands(o);
+  wgmma::fence_operands(p_prev);
+  wgmma::fence();
+  issue_pv<Traits>(o, p_prev, v_desc);
+  wgmma::commit_group();
+  wgmma::wait_group<0>();
+  wgmma::fence_operands(o);
+}
+
+// LSE and O of an unsplit block. O leaves through the warp's own 16 Q rows in shared memory, as
+// 16 B row-contiguous stores: every S product (the only reader of Q) of the warp's warpgroup has
+// completed, so the rows are free, and only this warp touches them now. Fragment writes: a quad
+// fills one 16 B chunk, eight rows with distinct swizzles: conflict-free.
+template <typename Traits, typename Softmax>
+__device__ __forceinline__ void write_block_output(const AttentionParams& p, const FlashBlock& blk,
+                                                   const float (&o)[Traits::kOutRegs],
+                                                   const float (&inv_sum)[Softmax::kRows], const Softmax& softmax,
+                                                   unsigned char* q_smem, int warp_row, int64_t warp_m0, int lane) {
+  using Element = typename Traits::Element;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  write_lse(p, blk, warp_m0 + g, softmax, t);
+  stage_output<typename Traits::OutFragments, Element>(o, inv_sum, g, t, [&](int row, int dt) {
+    return reinterpret_cast<uint32_t*>(q_smem + tile_offset<Traits, Traits::kBlockM>(warp_row + row, dt));
+  });
+  __syncwarp();
+  store_staged_rows<16, Traits::kChunksPerRow>(
+      blk.o_row<Element>(p, warp_m0), p.o_row_stride, blk.seqlen_q - warp_m0, lane, [&](int row, int chunk) {
+        return q_smem + tile_offset<Traits, Traits::kBlockM>(warp_row + row, chunk);
+      });
+}
+
+// ----------------------------------------------------------------------------
 // One block: kBlockM query rows of one (batch, head)
 // ----------------------------------------------------------------------------
 
 // kSplit: the block runs one piece of its keys (SplitKV) and writes it to the workspace; the
 // plain kernel (kSplit false) compiles with no trace of the split.
-template <typename Traits, typename Mask, bool kSplit>
+// kSequences: p may carry a sequence layout (varlen, seqused_k; core/sequence.cuh), never with
+// kSplit; kPagedKV (with kSequences): K/V are paged (p.block_table set). The dense kernel
+// (both false) compiles with no trace of either.
+template <typename Traits, typename Mask, bool kSplit, bool kSequences, bool kPagedKV>
 __device__ __forceinline__ void attend_block(const AttentionParams& p, const SplitKV& split) {
+  static_assert(!(kSplit && kSequences), "split-KV pieces are laid out for dense batches");
+  static_assert(kSequences || !kPagedKV, "paged K/V is a sequence layout");
   using Element = typename Traits::Element;
   using Softmax = OnlineSoftmax<typename Traits::ScoreFragments>;
   constexpr int kBlockM = Traits::kBlockM;
@@ -208,7 +333,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
   const int num_splits = kSplit ? split.num_splits : 1;
   const int split_index = kSplit ? blockIdx.x % num_splits : 0;
   FlashBlock blk;
-  if (!locate_flash_block<Mask>(p, kSplit ? blockIdx.x / num_splits : blockIdx.x, gridDim.x / num_splits, kBlockM,
+  if (!locate_flash_block<Mask, kSequences>(p, kSplit ? blockIdx.x / num_splits : blockIdx.x, gridDim.x / num_splits, kBlockM,
                                 kBlockN, blk)) {
     return;
   }
@@ -234,7 +359,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
   if (n_visits > 0) {  // otherwise every row sees no key here: the epilogue writes zeros
     load_tile<Traits, kBlockM, true>(q_tile, q, p.q_row_stride, blk.rows);
     const int64_t last_n0 = (tile_end - 1) * int64_t{kBlockN};
-    load_tile<Traits, kBlockN, true>(k_tile, blk.k_tile(p, k, last_n0), p.k_row_stride, blk.seqlen_k - last_n0);
+    load_kv_tile<Traits, kBlockN, true, false, kPagedKV>(k_tile, p, blk, k, last_n0, blk.seqlen_k - last_n0);
     mma::commit_copies();
 
     // A negative scale: Q's sign bits are flipped once (exact), by the thread that copied them.
@@ -270,50 +395,23 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
       wgmma::fence_proxy_async();
       __syncthreads();
       if (j > tile_begin) {
-        load_tile<Traits, kBlockN, false>(k_tile + (1 - stage) * Traits::kKVTileBytes,
-                                          blk.k_tile(p, k, n0 - kBlockN), p.k_row_stride, kBlockN);
+        load_kv_tile<Traits, kBlockN, false, false, kPagedKV>(k_tile + (1 - stage) * Traits::kKVTileBytes, p, blk,
+                                                              k, n0 - kBlockN, kBlockN);
       }
       if (kMasked && mask.partial_tile(n0, kBlockN)) {
-        load_tile<Traits, kBlockN, true>(v_tile + stage * Traits::kKVTileBytes, blk.v_tile(p, v, n0),
-                                         p.v_row_stride, blk.seqlen_k - n0);
+        load_kv_tile<Traits, kBlockN, true, true, kPagedKV>(v_tile + stage * Traits::kKVTileBytes, p, blk, v, n0,
+                                                            blk.seqlen_k - n0);
       } else {
-        load_tile<Traits, kBlockN, false>(v_tile + stage * Traits::kKVTileBytes, blk.v_tile(p, v, n0),
-                                          p.v_row_stride, kBlockN);
+        load_kv_tile<Traits, kBlockN, false, true, kPagedKV>(v_tile + stage * Traits::kKVTileBytes, p, blk, v, n0,
+                                                             kBlockN);
       }
       mma::commit_copies();
 
-      // S(i), then P(i-1) V(i-1); wait for S(i) only.
-      float s[Traits::kScoreRegs];
-      if constexpr (!kFirst) {
-        wgmma::fence_operands(o);
-        wgmma::fence_operands(p_prev);
-      }
-      wgmma::fence();
-      issue_scores<Traits>(s, q_desc, wgmma::advance(k_desc, stage * Traits::kKVTileBytes));
-      wgmma::commit_group();
-      if constexpr (!kFirst) {
-        issue_pv<Traits>(o, p_prev, wgmma::advance(v_desc, (1 - stage) * Traits::kKVTileBytes));
-        wgmma::commit_group();
-        wgmma::wait_group<1>();
-      } else {
-        wgmma::wait_group<0>();
-      }
-      wgmma::fence_operands(s);
-
-      if constexpr (kMasked) mask.template mask_tile<typename Traits::ScoreFragments, kBlockN>(s, warp_m0 + g, n0, t);
-      float alpha[Softmax::kRows];
-      [[maybe_unused]] const bool raised = __any_sync(kFullWarpMask, softmax.template step<false>(s, alpha, scale_log2));
-
-      if constexpr (!kFirst) {  // tile 0 meets O = 0: nothing to rescale
-        wgmma::wait_group<0>();
-        wgmma::fence_operands(o);
-        wgmma::fence_operands(p_prev);
-        if (raised) Softmax::template rescale<typename Traits::OutFragments>(o, alpha);
-      }
-      // P into the A registers of P(i-1), free now that its product has landed: reusing them
-      // is what keeps the compiler from serializing the wgmma pipeline (ptxas would otherwise
-      // see registers of an in-flight wgmma being redefined).
-      Softmax::template pack<Element>(s, p_prev);
+      // S(i), then P(i-1) V(i-1) from the other buffer; no buffer is handed back (the barrier above does that).
+      attend_tile<Traits, kMasked, kFirst>(o, p_prev, softmax, mask, q_desc,
+                                           wgmma::advance(k_desc, stage * Traits::kKVTileBytes),
+                                           wgmma::advance(v_desc, (1 - stage) * Traits::kKVTileBytes), warp_m0 + g,
+                                           n0, t, scale_log2, [] {}, [] {});
     };
 
     attend_key_tile(0, std::true_type{}, std::true_type{});
@@ -326,36 +424,19 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
     mma::wait_copies<0>();
     wgmma::fence_proxy_async();
     __syncthreads();
-    wgmma::fence_operands(o);
-    wgmma::fence_operands(p_prev);
-    wgmma::fence();
-    issue_pv<Traits>(o, p_prev, wgmma::advance(v_desc, ((n_visits - 1) % 2) * Traits::kKVTileBytes));
-    wgmma::commit_group();
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(o);
+    attend_last_values<Traits>(o, p_prev, wgmma::advance(v_desc, ((n_visits - 1) % 2) * Traits::kKVTileBytes));
   }
 
   float inv_sum[Softmax::kRows];
   softmax.finalize(inv_sum);
+  if constexpr (kSequences) blk.reload_query_rows(p);
 
   if constexpr (kSplit) {
     write_split_piece<typename Traits::OutFragments, Traits::kHeadDim>(p, blk, split, split_index, warp_m0 + g, o,
                                                                        inv_sum, softmax, t);
     return;
   }
-  write_lse(p, blk, warp_m0 + g, softmax, t);
-
-  // O leaves through the warp's own 16 Q rows in shared memory, as 16 B row-contiguous
-  // stores. Every S product (the only reader of Q) completed before the last barrier, so
-  // the rows are free; only this warp touches them now. Fragment writes: a quad fills one
-  // 16 B chunk, eight rows with distinct swizzles: conflict-free.
-  stage_output<typename Traits::OutFragments, Element>(o, inv_sum, g, t, [&](int row, int dt) {
-    return reinterpret_cast<uint32_t*>(q_smem + tile_offset<Traits, kBlockM>(warp_row + row, dt));
-  });
-  __syncwarp();
-  store_staged_rows<16, Traits::kChunksPerRow>(
-      blk.o_row<Element>(p, warp_m0), p.o_row_stride, blk.seqlen_q - warp_m0, lane,
-      [&](int row, int chunk) { return q_smem + tile_offset<Traits, kBlockM>(warp_row + row, chunk); });
+  write_block_output<Traits>(p, blk, o, inv_sum, softmax, q_smem, warp_row, warp_m0, lane);
 }
 
 // Merge of split-KV pieces, kHeadDim / 4 threads per row, 4 columns each: with piece LSEs
@@ -411,10 +492,14 @@ __device__ __forceinline__ void merge_row_pieces(const AttentionParams& p, const
 
 /// \brief Flash attention forward on wgmma; grid (query blocks x splits, batch*heads folded
 /// over y and z). One block of two warpgroups per SM (shared memory and registers both say so).
-template <typename Element, int kHeadDim, bool kCausal, bool kSplit>
+/// kSequences: the instantiations for sequence layouts (varlen, seqused_k; kPagedKV: paged K/V),
+/// whose grid covers the longest sequence (p.seqlen_q) and whose blocks past their own sequence's
+/// rows exit.
+template <typename Element, int kHeadDim, bool kCausal, bool kSplit, bool kSequences, bool kPagedKV>
 __global__ void __launch_bounds__(FlashWgmmaTraits<Element, kHeadDim>::kThreads, 1)
     flash_wgmma_kernel(const __grid_constant__ AttentionParams p, const SplitKV split) {
-  flash_wgmma::attend_block<FlashWgmmaTraits<Element, kHeadDim>, CausalMask<kCausal>, kSplit>(p, split);
+  flash_wgmma::attend_block<FlashWgmmaTraits<Element, kHeadDim>, CausalMask<kCausal>, kSplit, kSequences, kPagedKV>(p,
+                                                                                                              split);
 }
 
 /// \brief Merges split-KV pieces into out and lse; kSplitMergeThreads threads,
@@ -430,8 +515,13 @@ Status launch_flash_wgmma_kernel(const AttentionParams& p, const SplitKV& split,
   using Traits = FlashWgmmaTraits<Element, kHeadDim>;
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
   const FoldedGrid g = folded_grid(p, Traits::kBlockM);
-  const auto kernel = split.num_splits > 1 ? flash_wgmma_kernel<Element, kHeadDim, kCausal, true>
-                                           : flash_wgmma_kernel<Element, kHeadDim, kCausal, false>;
+  // Sequence layouts run unsplit (wgmma_forward gives them one piece). Unsplit dense batches run
+  // on the TMA kernel (flash_wgmma_ws.cuh); those it leaves here (WAVEBOOST_WGMMA_PIPELINE=cp.async,
+  // strides TMA cannot describe) take the packed-sequence instantiation, for which a dense batch
+  // is one layout among others: no instantiation of its own is built for them.
+  const auto kernel = p.is_paged()             ? flash_wgmma_kernel<Element, kHeadDim, kCausal, false, true, true>
+                      : split.num_splits > 1 ? flash_wgmma_kernel<Element, kHeadDim, kCausal, true, false, false>
+                                             : flash_wgmma_kernel<Element, kHeadDim, kCausal, false, true, false>;
   // Above 48 KB, dynamic shared memory must be opted into per kernel.
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(g.x * split.num_splits), static_cast<unsigned>(g.y),

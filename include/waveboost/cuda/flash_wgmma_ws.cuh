@@ -180,36 +180,15 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
       tma::wait(ring.full_k(stage), (i / kStages) & 1);
       if constexpr (!kFirst) tma::wait(ring.full_v(prev_stage), ((i - 1) / kStages) & 1);
 
-      float s[Traits::kScoreRegs];
-      if constexpr (!kFirst) {
-        wgmma::fence_operands(o);
-        wgmma::fence_operands(p_prev);
-      }
-      wgmma::fence();
-      flash_wgmma::issue_scores<Traits>(s, q_desc, wgmma::advance(k_desc, stage * Traits::kKVTileBytes));
-      wgmma::commit_group();
-      if constexpr (!kFirst) {
-        flash_wgmma::issue_pv<Traits>(o, p_prev, wgmma::advance(v_desc, prev_stage * Traits::kKVTileBytes));
-        wgmma::commit_group();
-        wgmma::wait_group<1>();
-      } else {
-        wgmma::wait_group<0>();
-      }
-      wgmma::fence_operands(s);
-      if (lane == 0) tma::arrive(ring.empty_k(stage));  // S(i) has read K(i)
-
-      if constexpr (kMasked) mask.template mask_tile<typename Traits::ScoreFragments, kBlockN>(s, warp_m0 + g, n0, t);
-      float alpha[Softmax::kRows];
-      [[maybe_unused]] const bool raised = __any_sync(kFullWarpMask, softmax.template step<false>(s, alpha, scale_log2));
-
-      if constexpr (!kFirst) {
-        wgmma::wait_group<0>();
-        wgmma::fence_operands(o);
-        wgmma::fence_operands(p_prev);
-        if (lane == 0) tma::arrive(ring.empty_v(prev_stage));  // P(i-1) V(i-1) has read V(i-1)
-        if (raised) Softmax::template rescale<typename Traits::OutFragments>(o, alpha);
-      }
-      Softmax::template pack<Element>(s, p_prev);
+      flash_wgmma::attend_tile<Traits, kMasked, kFirst>(
+          o, p_prev, softmax, mask, q_desc, wgmma::advance(k_desc, stage * Traits::kKVTileBytes),
+          wgmma::advance(v_desc, prev_stage * Traits::kKVTileBytes), warp_m0 + g, n0, t, scale_log2,
+          [&] {
+            if (lane == 0) tma::arrive(ring.empty_k(stage));  // S(i) has read K(i)
+          },
+          [&] {
+            if (lane == 0) tma::arrive(ring.empty_v(prev_stage));  // P(i-1) V(i-1) has read V(i-1)
+          });
     };
 
     attend_key_tile(0, std::true_type{}, std::true_type{});
@@ -221,29 +200,12 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
     // The last product, P(n-1) V(n-1).
     const int last_stage = (n_visits - 1) % kStages;
     tma::wait(ring.full_v(last_stage), ((n_visits - 1) / kStages) & 1);
-    wgmma::fence_operands(o);
-    wgmma::fence_operands(p_prev);
-    wgmma::fence();
-    flash_wgmma::issue_pv<Traits>(o, p_prev, wgmma::advance(v_desc, last_stage * Traits::kKVTileBytes));
-    wgmma::commit_group();
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(o);
+    flash_wgmma::attend_last_values<Traits>(o, p_prev, wgmma::advance(v_desc, last_stage * Traits::kKVTileBytes));
   }
 
   float inv_sum[Softmax::kRows];
   softmax.finalize(inv_sum);
-  write_lse(p, blk, warp_m0 + g, softmax, t);
-
-  // O leaves through the warp's own 16 Q rows, as in the wgmma kernel: only this warp's
-  // warpgroup read them (its S products, all complete), only this warp writes them now.
-  stage_output<typename Traits::OutFragments, Element>(o, inv_sum, g, t, [&](int row, int dt) {
-    return reinterpret_cast<uint32_t*>(q_smem + flash_wgmma::tile_offset<Traits, kBlockM>(warp_row + row, dt));
-  });
-  __syncwarp();
-  store_staged_rows<16, Traits::kChunksPerRow>(
-      blk.o_row<Element>(p, warp_m0), p.o_row_stride, blk.seqlen_q - warp_m0, lane, [&](int row, int chunk) {
-        return q_smem + flash_wgmma::tile_offset<Traits, kBlockM>(warp_row + row, chunk);
-      });
+  flash_wgmma::write_block_output<Traits>(p, blk, o, inv_sum, softmax, q_smem, warp_row, warp_m0, lane);
 }
 
 }  // namespace flash_wgmma_ws

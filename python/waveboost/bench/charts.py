@@ -11,16 +11,22 @@ import math
 import os
 from collections import defaultdict
 
-from .report import geomean, rate_scale, rate_unit
+from .report import cell_name, geomean, has_serving, rate_scale, rate_unit
 
-_PANEL_KEYS = ("dtype", "head_dim", "causal", "heads", "kv_heads", "label")
+_PANEL_KEYS = ("dtype", "head_dim", "causal", "heads", "kv_heads", "label", "pass_name", "layout", "seqlen_q",
+               "page_size")
+_KEY_DEFAULTS = {"pass_name": "fwd", "layout": "dense", "seqlen_q": 0, "page_size": 0}
+
+
+def _key(r: dict, keys=_PANEL_KEYS) -> tuple:
+    return tuple(r.get(k, _KEY_DEFAULTS.get(k)) for k in keys)
 
 
 def _groups(rows: list[dict]) -> dict:
     """Panels: rows equal in everything but seqlen (and batch when the batch follows L, as in fa2)."""
     groups = defaultdict(list)
     for r in rows:
-        groups[tuple(r[k] for k in _PANEL_KEYS)].append(r)
+        groups[_key(r)].append(r)
     split = {}
     for key, rs in groups.items():
         points = {(r["impl"], r["seqlen"]) for r in rs}
@@ -39,14 +45,15 @@ def _panel_title(rs: list[dict]) -> str:
     batch = f"B={r['batch']}" if len(batches) == 1 else f"B·L={tokens.pop()}" if len(tokens) == 1 else "B varies"
     kv = f"/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else ""
     name = f"{r['label']} " if r["label"] else ""
-    return f"{name}{r['dtype']} D={r['head_dim']} H={r['heads']}{kv} {batch}{' causal' if r['causal'] else ''}"
+    pas = r.get("pass_name", "fwd")
+    return (f"{name}{r['dtype']} D={r['head_dim']} H={r['heads']}{kv} {batch}{' causal' if r['causal'] else ''}"
+            f"{'' if pas == 'fwd' else ' ' + pas}")
 
 
 def _cell_name(r: dict) -> str:
-    kv = f"/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else ""
-    first = r["label"] or f"L={r['seqlen']}"
-    return (f"{first}\nB={r['batch']} H={r['heads']}{kv} D={r['head_dim']}\n"
-            f"{r['dtype']}{' causal' if r['causal'] else ''}")
+    """Three lines of report.cell_name: the label or lengths, the shape, the rest."""
+    words = cell_name(r).split()
+    return "\n".join((" ".join(words[:2]), " ".join(words[2:5]), " ".join(words[5:])))
 
 
 class _Styles:
@@ -154,11 +161,16 @@ def _day(meta: dict) -> str:
     return meta["date"][:16].replace("T", " ")
 
 
-def _metrics(device: str, baseline: str) -> dict:
+def _metrics(device: str, baseline: str, rows=()) -> dict:
     scale = rate_scale(device)
+    passes = {r.get("pass_name", "fwd") for r in rows}
+    flops = "4·B·H·L²·D, /2 causal" if passes <= {"fwd"} else "bwd: 2.5x fwd FLOPs"
+    serving = {"bandwidth": (lambda r: r.get("gb_s"), "GB/s (K/V cache + q + out bytes)", "Memory bandwidth")} \
+        if has_serving(rows) else {}
     return {
+        **serving,
         "latency": (lambda r: r["median_ms"], "latency (ms, median; bars: IQR)", "Latency"),
-        "throughput": (lambda r: r["tflops"] * scale, f"{rate_unit(device)} (4·B·H·L²·D, /2 causal)", "Throughput"),
+        "throughput": (lambda r: r["tflops"] * scale, f"{rate_unit(device)} ({flops})", "Throughput"),
         "memory": (lambda r: r["mem_extra_bytes"] / 2**20 if r.get("mem_extra_bytes") else None,
                    "peak extra memory (MiB)", "Peak extra memory"),
         "speedup": (lambda r: r["speedup"], f"speedup vs {baseline} (×)", f"Speedup vs {baseline}"),
@@ -174,7 +186,8 @@ def _draw(ax, rs, metric, ylabel, styles, line_mode, errors=False):
 
 
 def write_charts(rows: list[dict], meta: dict, impls: list[dict], out_dir: str) -> list[str]:
-    """Writes the five PNGs (four without a baseline: no speedup chart); returns their paths."""
+    """Writes the PNGs (latency, throughput, memory, speedup unless no baseline ran, bandwidth for serving
+    cells, and the dashboard); returns their paths."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -190,7 +203,7 @@ def write_charts(rows: list[dict], meta: dict, impls: list[dict], out_dir: str) 
     note = _missing_note(rows, impls)
     paths = []
 
-    for chart, (metric, ylabel, heading) in _metrics(device, baseline).items():
+    for chart, (metric, ylabel, heading) in _metrics(device, baseline, rows).items():
         if chart == "speedup" and not baseline:  # no baseline ran: no speedups to draw
             continue
         ncols = min(len(panels), 4) or 1
@@ -238,8 +251,9 @@ def _dashboard(plt, ok, rows, meta, styles, groups, line_mode, note, out_dir) ->
     device, baseline = env["device"], settings["baseline"]
     fig, axes = plt.subplots(2, 2, figsize=(13, 9.5))
     rs = _headline(groups) if line_mode else ok
-    metrics = _metrics(device, baseline)
-    for ax, name in zip((axes[0, 0], axes[0, 1], axes[1, 0]), ("throughput", "latency", "memory")):
+    metrics = _metrics(device, baseline, rows)
+    first = "bandwidth" if "bandwidth" in metrics else "throughput"
+    for ax, name in zip((axes[0, 0], axes[0, 1], axes[1, 0]), (first, "latency", "memory")):
         metric, ylabel, heading = metrics[name]
         _draw(ax, rs, metric, ylabel, styles, line_mode, errors=name == "latency")
         ax.set_title(f"{heading}" + (f": {_panel_title(rs)}" if line_mode and rs else ""), fontsize=9)
@@ -262,7 +276,7 @@ def _dashboard(plt, ok, rows, meta, styles, groups, line_mode, note, out_dir) ->
     ax.axvline(1.0, color="gray", linewidth=1)
     ax.set_xlabel(f"speedup vs {baseline} (×), geometric mean over cells; whiskers: min..max" if baseline
                   else "no speedups: the baseline did not run (--baseline)")
-    ax.set_title(f"All {len({tuple(r[k] for k in _PANEL_KEYS + ('seqlen', 'batch')) for r in rows})} cells", fontsize=9)
+    ax.set_title(f"All {len({_key(r, _PANEL_KEYS + ('seqlen', 'batch')) for r in rows})} cells", fontsize=9)
     _log_if_wide(ax, [v for n in names for v in speedups[n]], axis="x")
     ax.grid(True, axis="x", alpha=0.3)
 

@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime
 
-from . import grid, impls, measure, report
+from . import grid, hardware, impls, measure, report
 
 DEFAULTS = {  # per device: max timed calls, time budget per cell and implementation, memory limit
     "cpu": {"repeats": 20, "budget_ms": 200.0, "mem_limit_gb": 20.0},
@@ -60,7 +60,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list presets and implementations, then exit")
     p.add_argument("--distributed", metavar="N", help="context parallelism: ring attention on N ranks (torchrun) "
                    "against one device; its own options: python -m waveboost.bench --distributed N --help")
+    add_pass_arguments(p)
     return p
+
+
+def add_pass_arguments(p: argparse.ArgumentParser) -> None:
+    """--pass (forward, backward, both), --peak-gbs (the serving presets' bandwidth percentage) and
+    --cuda-graphs (timing by graph replay)."""
+    p.add_argument("--pass", dest="passes",
+                   help="comma-separated passes to time: fwd (the forward), bwd (the backward alone, given the "
+                        "forward's saved outputs: waveboost.attention_backward with out and lse; autograd's backward "
+                        "of SDPA with a fixed output gradient; the backward function of jax.vjp, jitted), fwdbwd "
+                        "(both). FLOPs: forward 4*B*H*Lq*Lk*D, backward 2.5x, fwdbwd 3.5x, halved for causal. "
+                        "Default: the preset's (fwd; fwdbwd for train). The serving presets are forward-only")
+    p.add_argument("--peak-gbs", type=float,
+                   help="peak memory bandwidth (GB/s) that the serving presets (decode, paged, varlen) report a "
+                        "percentage of (default: a table by GPU name, else the driver's memory clock x bus width)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="time waveboost and SDPA by replaying a CUDA graph of one call (as engines run decode "
+                        "steps): the GPU time without the host's launch cost; JAX is timed as before")
+
+
+def pass_settings(args, cases: list, device: str, env: dict) -> dict:
+    """The passes timed and, when a cell is memory-bound, the peak bandwidth and where it comes from."""
+    passes = list(dict.fromkeys(c.pass_name for c in cases))
+    out = {"passes": passes}
+    if passes != ["fwd"]:
+        out["tolerance_backward"] = measure.TOLERANCE_BACKWARD
+    if any(c.serving for c in cases):
+        ordinal = impls.module("torch").cuda.current_device() if device == "cuda" else 0
+        out["peak_gbs"], out["peak_source"] = hardware.peak_bandwidth(device, env["name"], args.peak_gbs, ordinal)
+    return out
+
+
+def applicable(chosen: list, cases: list) -> list:
+    """The implementations that take part in at least one cell (pass and layout)."""
+    return [i for i in chosen if any(i.applies(c) for c in cases)]
 
 
 def resolve_device(requested: str) -> str:
@@ -148,13 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         cases = grid.expand(preset, device, seqlens=grid.parse_ints(args.seqlens), batch=grid.parse_ints(args.batch),
                             heads=grid.parse_ints(args.heads), kv_heads=grid.parse_ints(args.kv_heads),
                             head_dims=grid.parse_ints(args.head_dims), dtypes=grid.parse_dtypes(args.dtypes),
-                            causal=grid.parse_causal(args.causal))
+                            causal=grid.parse_causal(args.causal), passes=grid.parse_passes(args.passes))
     except ValueError as exc:
         parser.error(str(exc))
     if device == "cpu" and any(c.dtype in ("float16", "bfloat16") for c in cases):
         parser.error("--dtypes: the CPU runs take float32 and float64")
 
-    chosen = select(registry, args.impls)
+    if args.peak_gbs is not None and not args.peak_gbs > 0:
+        parser.error(f"--peak-gbs must be > 0; got {args.peak_gbs}")
+    chosen = applicable(select(registry, args.impls), cases)
     impl_info = [{"name": i.name, "kind": i.kind, "missing": i.missing()} for i in chosen]
     runnable = [i for i, info in zip(chosen, impl_info) if not info["missing"]]
     names = [i.name for i in chosen]
@@ -183,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
                          f"~{rate:.0f} GFLOP/s on this machine). Shrink it (--seqlens, --batch, --heads, --impls) "
                          f"or raise --max-minutes (0: no limit)")
     env = report.environment(device)
+    extra_settings = pass_settings(args, cases, device, env)
+    settings.peak_gbs = extra_settings.get("peak_gbs")
+    settings.cuda_graphs = bool(args.cuda_graphs)
+    extra_settings["cuda_graphs"] = settings.cuda_graphs
     stamp = datetime.now().astimezone()
     out_dir = args.out or os.path.join("bench-results", f"{report.slug(env['name'])}-{stamp:%Y%m%d-%H%M}")
     meta = {"tool": "waveboost.bench", "date": stamp.isoformat(timespec="seconds"),
@@ -191,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                          "budget_ms": settings.budget_s * 1e3, "mem_limit_gb": settings.mem_limit_bytes / 1e9,
                          "seed": settings.seed, "tolerance": measure.TOLERANCE, "warmup_calls": measure.WARMUP_CALLS,
                          "min_reps": measure.MIN_REPS, "cells": len(cases),
-                         "spread_threshold": settings.spread_threshold},
+                         "spread_threshold": settings.spread_threshold, **extra_settings},
             # The work each implementation faces: divide by a rate to estimate the run's length.
             "gflop_per_impl": sum(c.flops for c in cases) / 1e9}
 
@@ -207,15 +248,17 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
     # Files are rewritten after every cell: an interrupted run keeps everything it measured.
     try:
-        with progress_bar(len(cases) * max(1, len(runnable)), use_rich) as advance:
+        steps = sum(max(1, sum(i.applies(c) for i in runnable)) for c in cases)
+        with progress_bar(steps, use_rich) as advance:
             for n, case in enumerate(cases):
                 inputs = measure.make_inputs(case, device, settings.seed + n)
                 reference = measure.Reference(case, inputs)
-                for impl in runnable:
+                cell_impls = [i for i in runnable if i.applies(case)]
+                for impl in cell_impls:
                     advance(f"{case.title()}  {impl.name}", 0)
                     rows.append(measure.run_cell(case, impl, inputs, reference, settings, flush, mempool))
                     advance(f"{case.title()}  {impl.name}")
-                if not runnable:
+                if not cell_impls:
                     advance(case.title())
                 del inputs, reference
                 if device == "cuda":

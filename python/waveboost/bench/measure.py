@@ -26,6 +26,9 @@ from .impls import Impl, module
 # random normal inputs, while a wrong mask, scale or GQA head mapping gives > 1e-1.
 # fp32 and fp64: DESIGN.md's bound for full-precision paths (TF32 matmuls fail it).
 TOLERANCE = {"float16": 2.0**-8, "bfloat16": 2.0**-5, "float32": 1e-4, "float64": 1e-10}
+# Gradients (each of dq, dk, dv) go through more roundings of P and dS to the input dtype: twice the
+# half-precision bounds above (a wrong mask, scale or GQA reduction still gives > 1e-1).
+TOLERANCE_BACKWARD = {"float16": 2.0**-7, "bfloat16": 2.0**-4, "float32": 1e-4, "float64": 1e-10}
 MIN_REPS = 3
 WARMUP_CALLS = 3
 FLUSH_BYTES = 256 << 20  # triton do_bench's L2 flush buffer; > 4x the 50 MB L2 of an H100
@@ -34,11 +37,14 @@ _REF_CHUNK_ELEMENTS = 1 << 25  # float64 score rows per reference chunk: 256 MB
 
 @dataclass
 class Inputs:
-    """BSHD q, k, v shared by every implementation of a cell."""
+    """BSHD q, k, v shared by every implementation of a cell; `dout`, the gradient flowing into the
+    output, for the backward passes. Serving cells: k, v are (batch, longest KV length, heads_kv,
+    head_dim), sequence b using its first `case.kv_lengths[b]` keys; adapters lay them out as they need."""
 
     q: object
     k: object
     v: object
+    dout: object = None
 
 
 @dataclass
@@ -50,20 +56,24 @@ class Settings:
     seed: int = 0
     # IQR / median above which a cell's timed calls are re-run once; still above: marked unstable.
     spread_threshold: float = 0.10
+    # Peak HBM bandwidth of the device (GB/s) for the serving cells' percentage; None: unknown.
+    peak_gbs: float | None = None
+    # Time the CUDA-event implementations by replaying a CUDA graph of one call: no host launch cost.
+    cuda_graphs: bool = False
 
 
 def make_inputs(case: Case, device: str, seed: int) -> Inputs:
     """Fresh random normal inputs (never zeros), generated on the device of the run."""
-    q_shape = (case.batch, case.seqlen, case.heads, case.head_dim)
-    kv_shape = (case.batch, case.seqlen, case.kv_heads, case.head_dim)
+    q_shape = (case.batch, case.lq, case.heads, case.head_dim)
+    kv_shape = (case.batch, case.max_seqlen_k, case.kv_heads, case.head_dim)
+    shapes = (q_shape, kv_shape, kv_shape) + ((q_shape,) if case.pass_name != "fwd" else ())
     if device == "cpu":
         rng = np.random.default_rng(seed)
-        shapes = (q_shape, kv_shape, kv_shape)
         return Inputs(*(rng.standard_normal(s, dtype=np.float64).astype(case.dtype) for s in shapes))
     torch = module("torch")
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dtype = getattr(torch, case.dtype)
-    return Inputs(*(torch.randn(s, generator=gen, device="cuda").to(dtype) for s in (q_shape, kv_shape, kv_shape)))
+    return Inputs(*(torch.randn(s, generator=gen, device="cuda").to(dtype) for s in shapes))
 
 
 def _checked_heads(case: Case) -> tuple[list, list]:
@@ -75,54 +85,144 @@ def _checked_heads(case: Case) -> tuple[list, list]:
     return sorted({0, case.batch - 1}), sorted({0, min(group + 1, case.heads - 1), case.heads - 1})
 
 
+def _f64(xp, t):
+    return t.astype(np.float64) if xp is np else t.double()
+
+
+def _probabilities(xp, q_rows, k, first_row: int, causal: bool, scale: float):
+    """softmax of the scaled scores of query rows `first_row`.. against k, float64; causal aligned
+    bottom-right (query i sees keys j <= i + Lk - Lq, with Lq passed through `first_row`'s caller)."""
+    s = (q_rows @ k.T) * scale
+    if causal:
+        rows = xp.arange(first_row, first_row + len(q_rows))
+        cols = xp.arange(len(k))
+        if xp is not np:
+            rows, cols = rows.to(s.device), cols.to(s.device)
+        s[cols[None, :] > rows[:, None]] = -math.inf
+    top = xp.amax(s, -1, keepdims=True)
+    seen = top > -math.inf  # a row that sees no key: zero probabilities, not NaN
+    p = xp.exp(s - xp.where(seen, top, xp.zeros_like(top)))
+    return p / xp.where(seen, p.sum(-1, keepdims=True), xp.ones_like(top))
+
+
 def _attention_f64(q, k, v, causal: bool):
-    """float64 softmax(q k^T / sqrt(D)) v of one (batch, head); q, k, v (L, D), NumPy or torch."""
-    if isinstance(q, np.ndarray):
-        q, k, v = (t.astype(np.float64) for t in (q, k, v))
-        xp, rows, out = np, np.arange(len(q))[:, None], np.empty_like(q)
-    else:
-        xp = module("torch")
-        q, k, v = (t.double() for t in (q, k, v))
-        rows, out = xp.arange(len(q), device=q.device)[:, None], xp.empty_like(q)
-    cols = rows.reshape(1, -1)
+    """float64 softmax(q k^T / sqrt(D)) v of one (batch, head); q (Lq, D), k, v (Lk, D), NumPy or
+    torch; causal aligned bottom-right."""
+    xp = np if isinstance(q, np.ndarray) else module("torch")
+    q, k, v = (_f64(xp, t) for t in (q, k, v))
+    out = xp.empty_like(q)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    chunk = max(1, _REF_CHUNK_ELEMENTS // len(k))
+    offset = len(k) - len(q)
+    chunk = max(1, _REF_CHUNK_ELEMENTS // max(1, len(k)))
     for start in range(0, len(q), chunk):
-        s = (q[start:start + chunk] @ k.T) * scale
-        if causal:
-            s[cols > rows[start:start + chunk]] = -math.inf
-        p = xp.exp(s - xp.amax(s, -1, keepdims=True))
-        out[start:start + chunk] = (p @ v) / p.sum(-1, keepdims=True)
+        p = _probabilities(xp, q[start:start + chunk], k, start + offset, causal, scale)
+        out[start:start + chunk] = p @ v
     return out
 
 
+def _attention_grads_f64(q, k, v, dout, causal: bool):
+    """float64 (out, dq, dk, dv) of one (batch, head): the textbook backward with P materialized
+    per chunk of query rows (dS = P * (dO V^T - rowsum(dO * O)))."""
+    xp = np if isinstance(q, np.ndarray) else module("torch")
+    q, k, v, dout = (_f64(xp, t) for t in (q, k, v, dout))
+    out, dq = xp.empty_like(q), xp.empty_like(q)
+    dk, dv = xp.zeros_like(k), xp.zeros_like(v)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    offset = len(k) - len(q)
+    chunk = max(1, _REF_CHUNK_ELEMENTS // max(1, len(k)))
+    for start in range(0, len(q), chunk):
+        rows = slice(start, start + chunk)
+        p = _probabilities(xp, q[rows], k, start + offset, causal, scale)
+        o = p @ v
+        out[rows] = o
+        ds = p * (dout[rows] @ v.T - (dout[rows] * o).sum(-1, keepdims=True))
+        dq[rows] = (ds @ k) * scale
+        dk += (ds.T @ q[rows]) * scale
+        dv += p.T @ dout[rows]
+    return out, dq, dk, dv
+
+
+def _frobenius_rel(pairs) -> float:
+    """sqrt(sum |got - ref|^2 / sum |ref|^2) over (got, ref) float64 pairs."""
+    num = den = 0.0
+    for got, ref in pairs:
+        num += float(((got - ref) ** 2).sum())
+        den += float((ref ** 2).sum())
+    return math.sqrt(num / den) if den > 0 else math.sqrt(num)
+
+
 class Reference:
-    """float64 output of the checked (batch, head) pairs, computed once per cell on first use."""
+    """float64 results of the checked heads, computed once per cell on first use.
+
+    Forward: the output of the checked (batch, head) pairs. Backward passes: the first and last
+    batch and kv heads 0 and Hkv - 1 with every query head that reads them, so that dk and dv
+    (sums over a kv head's query heads) are checked whole; fwdbwd checks the output there too."""
 
     def __init__(self, case: Case, inputs: Inputs):
         self.case, self.inputs = case, inputs
         self.batches, self.heads = _checked_heads(case)
 
+    @property
+    def tolerance(self) -> float:
+        table = TOLERANCE if self.case.pass_name == "fwd" else TOLERANCE_BACKWARD
+        return table[self.case.dtype]
+
+    def _kv(self, b: int, h: int):
+        """K and V rows sequence b's head h attends to (its first kv_lengths[b] keys)."""
+        x, group = self.inputs, self.case.heads // self.case.kv_heads
+        length = self.case.kv_lengths[b]
+        return x.k[b, :length, h // group], x.v[b, :length, h // group]
+
     @cached_property
     def outputs(self) -> list:
-        group = self.case.heads // self.case.kv_heads
         x = self.inputs
-        return [_attention_f64(x.q[b, :, h], x.k[b, :, h // group], x.v[b, :, h // group], self.case.causal)
+        return [_attention_f64(x.q[b, :, h], *self._kv(b, h), self.case.causal)
                 for b in self.batches for h in self.heads]
 
-    def rel_err(self, out) -> float:
-        """Frobenius-relative error of `out` (BSHD) on the checked heads; inf if any output is not finite."""
-        xp = np if isinstance(out, np.ndarray) else module("torch")
-        if not bool(xp.isfinite(out).all()):
+    @cached_property
+    def grad_heads(self) -> tuple[list, list]:
+        """(batches, kv heads) whose gradients are checked."""
+        case = self.case
+        return sorted({0, case.batch - 1}), sorted({0, case.kv_heads - 1})
+
+    @cached_property
+    def gradients(self) -> dict:
+        """{("out"|"dq", b, h) or ("dk"|"dv", b, kv_head): float64 array}."""
+        x, case = self.inputs, self.case
+        group = case.heads // case.kv_heads
+        expected = {}
+        batches, kv_heads = self.grad_heads
+        for b in batches:
+            for j in kv_heads:
+                for h in range(j * group, (j + 1) * group):
+                    o, dq, dk, dv = _attention_grads_f64(x.q[b, :, h], *self._kv(b, h), x.dout[b, :, h], case.causal)
+                    expected["out", b, h], expected["dq", b, h] = o, dq
+                    if ("dk", b, j) in expected:
+                        expected["dk", b, j] += dk
+                        expected["dv", b, j] += dv
+                    else:
+                        expected["dk", b, j], expected["dv", b, j] = dk, dv
+        return expected
+
+    def rel_err(self, result) -> float:
+        """Frobenius-relative error of an implementation's BSHD result on the checked heads, the
+        largest over its parts (fwd: out; bwd: dq, dk, dv; fwdbwd: out, dq, dk, dv); inf if any
+        element of any part is not finite."""
+        parts = {"fwd": ("out",), "bwd": ("dq", "dk", "dv"), "fwdbwd": ("out", "dq", "dk", "dv")}[self.case.pass_name]
+        arrays = (result,) if self.case.pass_name == "fwd" else tuple(result)
+        if len(arrays) != len(parts):
+            raise ValueError(f"expected {len(parts)} results ({', '.join(parts)}), got {len(arrays)}")
+        xp = np if isinstance(arrays[0], np.ndarray) else module("torch")
+        if not all(bool(xp.isfinite(a).all()) for a in arrays):
             return math.inf
-        num = den = 0.0
-        pairs = [(b, h) for b in self.batches for h in self.heads]
-        for (b, h), ref in zip(pairs, self.outputs):
-            got = out[b, :, h]
-            got = got.astype(np.float64) if xp is np else got.double()
-            num += float(((got - ref) ** 2).sum())
-            den += float((ref ** 2).sum())
-        return math.sqrt(num / den) if den > 0 else math.sqrt(num)
+        if self.case.pass_name == "fwd":
+            pairs = [(b, h) for b in self.batches for h in self.heads]
+            return _frobenius_rel((_f64(xp, result[b, :, h]), ref) for (b, h), ref in zip(pairs, self.outputs))
+        worst = 0.0
+        for name, got in zip(parts, arrays):
+            pairs = [(_f64(xp, got[b, :, h]), ref) for (kind, b, h), ref in self.gradients.items() if kind == name]
+            worst = max(worst, _frobenius_rel(pairs))
+        return worst
 
 
 # ---- memory ---------------------------------------------------------------------------------
@@ -238,6 +338,20 @@ def _sync(device: str):
         module("torch").cuda.synchronize()
 
 
+def _graph_of_one_call(prep):
+    """A CUDA graph of one prep.run(), warmed up on a side stream first as torch asks."""
+    torch = module("torch")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        prep.run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prep.run()
+    return graph
+
+
 def time_calls(prep, settings: Settings, flush=None) -> list[float]:
     """Milliseconds of the timed calls, after warm-up."""
     device = settings.device
@@ -250,14 +364,15 @@ def time_calls(prep, settings: Settings, flush=None) -> list[float]:
     if prep.clock == "cuda-event":
         torch = module("torch")
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        call = _graph_of_one_call(prep).replay if settings.cuda_graphs else prep.run
         for begin, end in events:
             if flush is not None:
                 flush.zero_()
             begin.record()
-            prep.run()
+            call()
             end.record()
         torch.cuda.synchronize()
-        return [begin.elapsed_time(end) for begin, end in events]
+        return [begin.elapsed_time(end) / prep.calls_per_run for begin, end in events]
     times = []
     for _ in range(reps):
         if flush is not None:
@@ -265,17 +380,21 @@ def time_calls(prep, settings: Settings, flush=None) -> list[float]:
         _sync(device)
         t0 = time.perf_counter()
         prep.wait(prep.run())
-        times.append((time.perf_counter() - t0) * 1e3)
+        times.append((time.perf_counter() - t0) * 1e3 / prep.calls_per_run)
     return times
 
 
-def _summary(case: Case, times: list[float]) -> dict:
+def _summary(case: Case, times: list[float], peak_gbs: float | None = None) -> dict:
     q1, median, q3 = np.percentile(times, [25, 50, 75])
     seconds = median * 1e-3
-    return {"reps": len(times), "median_ms": median, "q1_ms": q1, "q3_ms": q3,
-            "min_ms": min(times), "max_ms": max(times),
-            "spread": float((q3 - q1) / median) if median > 0 else 0.0,
-            "tflops": case.flops / seconds / 1e12, "tokens_per_s": case.tokens / seconds}
+    summary = {"reps": len(times), "median_ms": median, "q1_ms": q1, "q3_ms": q3,
+               "min_ms": min(times), "max_ms": max(times),
+               "spread": float((q3 - q1) / median) if median > 0 else 0.0,
+               "tflops": case.flops / seconds / 1e12, "tokens_per_s": case.tokens / seconds}
+    if case.serving:
+        summary["gb_s"] = case.bytes_moved / seconds / 1e9
+        summary["pct_peak"] = 100 * summary["gb_s"] / peak_gbs if peak_gbs else None
+    return summary
 
 
 # ---- one cell -------------------------------------------------------------------------------
@@ -313,18 +432,19 @@ def run_cell(case: Case, impl: Impl, inputs: Inputs, reference: Reference, setti
         warnings.simplefilter("always")
         try:
             with impl.prepare(case, inputs) as prep:
-                row["clock"] = prep.clock
+                row["clock"] = "cuda-graph" if settings.cuda_graphs and prep.clock == "cuda-event" else prep.clock
                 out = prep.run()
                 prep.wait(out)
                 row["rel_err"] = err = reference.rel_err(prep.to_bshd(out))
                 del out
-                if not err <= TOLERANCE[case.dtype]:
-                    row.update(status="WRONG", reason=f"rel err {err:.2e} > {TOLERANCE[case.dtype]:.1e}")
+                if not err <= reference.tolerance:
+                    row.update(status="WRONG", reason=f"rel err {err:.2e} > {reference.tolerance:.1e}")
                     return row
+                row["reason"] = prep.note
                 row["mem_extra_bytes"], row["mem_method"] = measure_memory(prep, settings.device, mempool)
-                timing = _summary(case, time_calls(prep, settings, flush))
+                timing = _summary(case, time_calls(prep, settings, flush), settings.peak_gbs)
                 if timing["spread"] > settings.spread_threshold:  # the calls disagree: time them again
-                    again = _summary(case, time_calls(prep, settings, flush))
+                    again = _summary(case, time_calls(prep, settings, flush), settings.peak_gbs)
                     timing = min(timing, again, key=lambda t: t["spread"])
                     row["retimed"] = True
                 row.update(timing, unstable=bool(timing["spread"] > settings.spread_threshold))

@@ -14,12 +14,14 @@ from collections import defaultdict
 
 from .impls import module
 
-CASE_COLUMNS = ["label", "batch", "seqlen", "heads", "kv_heads", "head_dim", "dtype", "causal"]
+CASE_COLUMNS = ["label", "batch", "seqlen", "heads", "kv_heads", "head_dim", "dtype", "causal", "pass_name", "layout",
+                "seqlen_q", "page_size"]
+_CASE_DEFAULTS = {"pass_name": "fwd", "layout": "dense", "seqlen_q": 0, "page_size": 0}
 CSV_COLUMNS = {
     "latency.csv": CASE_COLUMNS + ["impl", "status", "reason", "rel_err", "clock", "reps", "median_ms", "q1_ms",
                                    "q3_ms", "min_ms", "max_ms", "spread", "retimed", "unstable", "speedup",
                                    "speedup_unstable", "baseline"],
-    "throughput.csv": CASE_COLUMNS + ["impl", "status", "median_ms", "tokens_per_s", "tflops"],
+    "throughput.csv": CASE_COLUMNS + ["impl", "status", "median_ms", "tokens_per_s", "tflops", "gb_s", "pct_peak"],
     "memory.csv": CASE_COLUMNS + ["impl", "status", "mem_extra_bytes", "mem_extra_mb", "mem_method"],
 }
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
@@ -28,7 +30,7 @@ STATUS_STYLE = {"ok": "green", "WRONG": "bold red", "error": "red", "unsupported
 
 
 def cell_key(row: dict) -> tuple:
-    return tuple(row[c] for c in CASE_COLUMNS)
+    return tuple(row.get(c, _CASE_DEFAULTS.get(c)) for c in CASE_COLUMNS)
 
 
 def add_speedups(rows: list[dict], baseline: str) -> None:
@@ -111,12 +113,28 @@ def header_lines(meta: dict) -> list[str]:
         lines.append(f"grid: {settings['cells']} cells, {meta['gflop_per_impl']:.4g} GFLOP per implementation "
                      f"(preset {settings['preset']})")
     baseline = settings["baseline"]
+    lines += pass_lines(settings)
     lines.append(f"speedup = {baseline} time / implementation time (--baseline to change)" if baseline
                  else "no speedups: the baseline did not run (pick one with --baseline)")
     lines.append(f"cells whose timed calls spread (IQR / median) over {settings['spread_threshold']:.0%} are "
                  "re-timed once; still over: marked ~ (unstable)")
     if meta.get("interrupted"):
         lines.append(f"INTERRUPTED: {meta.get('cells_done', 0)} of {settings['cells']} cells measured")
+    return lines
+
+
+def pass_lines(settings: dict) -> list[str]:
+    """How the backward passes count FLOPs and the serving cells bytes, when the run has them."""
+    lines = []
+    passes = settings.get("passes") or ["fwd"]
+    if passes != ["fwd"]:
+        lines.append(f"passes {', '.join(passes)}: FLOPs = forward 4*B*H*Lq*Lk*D (halved for causal), backward 2.5x "
+                     "that, fwdbwd 3.5x; bwd times the backward alone from the forward's saved outputs")
+    if "peak_source" in settings:
+        peak = settings.get("peak_gbs")
+        lines.append("serving cells: GB/s = (K/V cache bytes read + q read + out written) / time, the same bytes "
+                     "for every implementation; peak " + (f"{peak:.0f} GB/s" if peak else "unknown")
+                     + f" ({settings['peak_source']})")
     return lines
 
 
@@ -197,7 +215,44 @@ def summary_markdown(meta: dict, impls: list[dict], rows: list[dict]) -> str:
                 geo = geomean(ratios)
                 cells.append("" if geo is None else f"{geo:.2f} ({len(ratios)})")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if len(rows) > len(by_impl):  # more than one cell: every cell's numbers side by side
+        lines += ["", *per_cell_table(rows, list(by_impl), env["device"])]
     return "\n".join(lines) + "\n"
+
+
+def per_cell_table(rows: list[dict], names: list[str], device: str) -> list[str]:
+    """Markdown: one line per cell, one column per implementation: TFLOP/s (GFLOP/s on a CPU), or for
+    serving cells GB/s and the percentage of peak; then the best waveboost over the best peer."""
+    serving = has_serving(rows)
+    unit = "GB/s (% of peak)" if serving else rate_unit(device)
+    scale = rate_scale(device)
+    lines = [f"Per cell, {unit}; last column: best peer time / best waveboost time (> 1: waveboost faster):",
+             "", "| cell | " + " | ".join(names) + " | waveboost / best peer |", "|---" * (len(names) + 2) + "|"]
+    cells = defaultdict(dict)
+    for r in rows:
+        if r["status"] == "ok":
+            cells[cell_name(r)][r["impl"]] = r
+        else:
+            cells[cell_name(r)].setdefault(r["impl"], r)
+    for cell, by_name in cells.items():
+        values = []
+        for name in names:
+            r = by_name.get(name)
+            if r is None:
+                values.append("")
+            elif r["status"] != "ok":
+                values.append(r["status"])
+            elif serving and r.get("gb_s") is not None:
+                pct = r.get("pct_peak")
+                values.append(f"{r['gb_s']:.3g}" + (f" ({pct:.0f}%)" if pct is not None else ""))
+            else:
+                values.append(f"{r['tflops'] * scale:.1f}")
+        ok = [r for r in by_name.values() if r["status"] == "ok"]
+        ours = min((r["median_ms"] for r in ok if r["impl"].startswith("waveboost")), default=None)
+        theirs = min((r["median_ms"] for r in ok if not r["impl"].startswith("waveboost")), default=None)
+        ratio = f"{theirs / ours:.2f}" if ours and theirs else ""
+        lines.append(f"| {cell} | " + " | ".join(values) + f" | {ratio} |")
+    return lines
 
 
 def rate_unit(device: str) -> str:
@@ -214,16 +269,32 @@ def _fmt(value, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
+def cell_name(r: dict) -> str:
+    """A cell in one line: label, lengths, heads, dtype, mask, layout and pass."""
+    kv = f"/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else ""
+    layout = r.get("layout", "dense")
+    seq = f"L={r['seqlen']}" if layout == "dense" else f"Lq={r.get('seqlen_q') or r['seqlen']} Lk={r['seqlen']}"
+    where = "" if layout == "dense" else f" {layout}{r.get('page_size') or ''}"
+    pas = r.get("pass_name", "fwd")
+    return (f"{r['label'] + ' ' if r['label'] else ''}{seq} B={r['batch']} H={r['heads']}{kv} "
+            f"D={r['head_dim']} {SHORT_DTYPE[r['dtype']]}{' causal' if r['causal'] else ''}{where}"
+            f"{'' if pas == 'fwd' else ' ' + pas}")
+
+
+def has_serving(rows: list[dict]) -> bool:
+    return any(r.get("layout", "dense") != "dense" for r in rows)
+
+
 def table_rows(rows: list[dict], device: str) -> list[list[str]]:
     scale = rate_scale(device)
+    serving = has_serving(rows)
     out = []
     for r in rows:
         ok = r["status"] == "ok"
         status = r["status"] + (f": {r['reason']}" if r["reason"] else "")
         mb = r.get("mem_extra_bytes")
-        kv = f"/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else ""
-        cell = (f"{r['label'] + ' ' if r['label'] else ''}L={r['seqlen']} B={r['batch']} H={r['heads']}{kv} "
-                f"D={r['head_dim']} {SHORT_DTYPE[r['dtype']]}{' causal' if r['causal'] else ''}")
+        cell = cell_name(r)
+        bandwidth = [_fmt(r.get("gb_s") if ok else None, ".4g"), _fmt(r.get("pct_peak") if ok else None, ".1f")]
         out.append([
             cell,
             r["impl"], status,
@@ -233,18 +304,18 @@ def table_rows(rows: list[dict], device: str) -> list[list[str]]:
             _fmt(r.get("tokens_per_s") and r["tokens_per_s"] / 1e6, ".3g") if ok else "",
             _fmt(mb and mb / 2**20, ".1f") if ok else "",
             _fmt(r.get("speedup"), ".2f") + (" ~" if r.get("speedup_unstable") else ""),
-        ])
+        ] + (bandwidth if serving else []))
     return out
 
 
-def table_header(device: str, baseline: str) -> list[str]:
+def table_header(device: str, baseline: str, serving: bool = False) -> list[str]:
     return ["cell", "impl", "status", "median ms", "IQR ms", rate_unit(device), "Mtok/s", "extra MB",
-            f"x {baseline}" if baseline else "x (no baseline)"]
+            f"x {baseline}" if baseline else "x (no baseline)"] + (["GB/s", "% peak"] if serving else [])
 
 
 def print_table(rows: list[dict], impls: list[dict], device: str, baseline: str, console=None) -> None:
     """A rich table when `console` (a rich Console) is given, plain aligned text otherwise."""
-    header = table_header(device, baseline)
+    header = table_header(device, baseline, has_serving(rows))
     body = table_rows(rows, device)
     missing = [[i["name"], "not installed" if "not installed" in i["missing"] else "not run", i["missing"]]
                for i in impls if i["missing"]]

@@ -1,7 +1,8 @@
 // Sequence geometry shared by the CUDA kernels that read the sequence-layout fields of
 // AttentionParams (varlen cu_seqlens, seqused_k, paged block_table): how long sequence b is on
 // each side, where its query rows live, and where key j of a kv head lives in K and V, dense,
-// packed or paged. The kv-cache append kernel uses the same address arithmetic to write.
+// packed or paged. The kv-cache append kernel uses the same address arithmetic to write. The
+// lengths come from core/sequence.cuh's sequence_lengths, which the flash paths read too.
 //
 // Everything is read on the device (lengths, tables): nothing here makes the host wait, so
 // calls stay capturable in CUDA graphs.
@@ -10,8 +11,12 @@
 #include <cstdint>
 
 #include "waveboost/attention.h"
+#include "waveboost/cuda/core/sequence.cuh"
 
 namespace waveboost::cuda::core {
+
+using cuda::SequenceLengths;
+using cuda::sequence_lengths;
 
 /// \brief Lengths and packed offsets of one sequence of a (possibly varlen / seqused) batch.
 struct SequenceInfo {
@@ -21,32 +26,19 @@ struct SequenceInfo {
   int64_t k_start = 0;  // first packed key with cu_seqlens_k, else 0
 
   __device__ __forceinline__ static SequenceInfo of(const AttentionParams& p, int64_t b) {
+    const SequenceLengths len = sequence_lengths(p, b);  // core/sequence.cuh: the one reader of the arrays
     SequenceInfo s;
-    if (p.cu_seqlens_q != nullptr) {
-      s.q_start = p.cu_seqlens_q[b];
-      s.len_q = p.cu_seqlens_q[b + 1] - s.q_start;
-    } else {
-      s.len_q = p.seqlen_q;
-    }
-    if (p.cu_seqlens_k != nullptr) {
-      s.k_start = p.cu_seqlens_k[b];
-      s.len_k = p.cu_seqlens_k[b + 1] - s.k_start;
-    } else {
-      s.len_k = p.seqlen_k;
-    }
-    if (p.seqused_k != nullptr) s.len_k = p.seqused_k[b];
-    // The grid is sized by the upper bounds: never step past them, whatever the arrays say.
-    s.len_q = s.len_q < 0 ? 0 : (s.len_q > p.seqlen_q ? p.seqlen_q : s.len_q);
-    s.len_k = s.len_k < 0 ? 0 : (s.len_k > p.seqlen_k ? p.seqlen_k : s.len_k);
+    s.len_q = len.q;
+    s.len_k = len.k;
+    s.q_start = len.q_start;
+    s.k_start = len.k_start;
     return s;
   }
 
   // Keys query row i sees: all of them, or under the bottom-right causal mask those
   // j <= i + len_k - len_q (possibly none).
   __device__ __forceinline__ int64_t keys_visible(int64_t i, bool causal) const {
-    if (!causal) return len_k;
-    const int64_t n = i + 1 + len_k - len_q;
-    return n < 0 ? 0 : (n > len_k ? len_k : n);
+    return causal ? causal_keys_visible(i, len_q, len_k) : len_k;
   }
 
   // Element offsets of query row i of head h in q, out, and of its LSE.

@@ -98,11 +98,11 @@ struct CausalMask {
 
 /// \brief Locates query block m_index (of m_blocks, in launch order) of block_m rows with key
 /// tiles of block_n keys under `Mask`; false for a block with nothing to do (see
-/// locate_query_block).
-template <typename Mask>
+/// locate_query_block, also for kSequences).
+template <typename Mask, bool kSequences = false>
 __device__ __forceinline__ bool locate_flash_block(const AttentionParams& p, int64_t m_index, int64_t m_blocks,
                                                    int64_t block_m, int64_t block_n, FlashBlock& blk) {
-  if (!locate_query_block(p, Mask::kLongestFirst, m_index, m_blocks, block_m, blk)) return false;
+  if (!locate_query_block<kSequences>(p, Mask::kLongestFirst, m_index, m_blocks, block_m, blk)) return false;
   const KeyTileRange tiles = Mask::of(blk).tiles(blk.m0, blk.rows, block_n);
   blk.n_tiles = tiles.end;
   blk.n_unmasked = tiles.unmasked;
@@ -113,7 +113,7 @@ __device__ __forceinline__ bool locate_flash_block(const AttentionParams& p, int
 __device__ __forceinline__ bool locate_flash_block(const AttentionParams& p, bool causal, int64_t m_index,
                                                    int64_t m_blocks, int64_t block_m, int64_t block_n,
                                                    FlashBlock& blk) {
-  if (!locate_query_block(p, causal, m_index, m_blocks, block_m, blk)) return false;
+  if (!locate_query_block<false>(p, causal, m_index, m_blocks, block_m, blk)) return false;
   const int64_t key_end = causal ? causal_keys_visible(blk.m0 + blk.rows - 1, blk.seqlen_q, blk.seqlen_k) : blk.seqlen_k;
   const int64_t shared_keys = causal ? causal_keys_visible(blk.m0, blk.seqlen_q, blk.seqlen_k) : blk.seqlen_k;
   blk.n_tiles = static_cast<int>((key_end + block_n - 1) / block_n);
