@@ -138,8 +138,8 @@ inline Status folded_grid_check(const AttentionParams& p, int64_t block_m, const
 
 /// \brief Split-KV: a small grid's key range cut into pieces run by blocks of their own.
 /// With num_splits > 1, block (m, split) covers key tiles [split, split + 1) * tiles_per_split
-/// of query block m and writes O / l (fp32) and LSE to the workspace; a second kernel merges
-/// the pieces. num_splits == 1 is the plain kernel.
+/// of query block m and writes O / l (fp32) and LSE to the workspace; the combine of
+/// core/combine.cuh merges the pieces. num_splits == 1 is the plain kernel.
 struct SplitKV {
   int num_splits = 1;
   int tiles_per_split = 0x3fffffff;

@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "waveboost/cuda/common.cuh"
+#include "waveboost/cuda/core/combine.cuh"
 #include "waveboost/cuda/core/epilogue.cuh"
 #include "waveboost/cuda/core/fragments.cuh"
 #include "waveboost/cuda/core/mask.cuh"
@@ -439,55 +440,6 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const Spl
   write_block_output<Traits>(p, blk, o, inv_sum, softmax, q_smem, warp_row, warp_m0, lane);
 }
 
-// Merge of split-KV pieces, kHeadDim / 4 threads per row, 4 columns each: with piece LSEs
-// l_s and L = log sum_s exp(l_s), O = sum_s exp(l_s - L) O_s and LSE = L. A row no piece saw
-// a key of (every l_s = -inf) gets O = 0 and LSE -inf; a NaN piece makes the row NaN, as the
-// unsplit kernel's NaN row sum does.
-template <typename Element, int kHeadDim>
-__device__ __forceinline__ void merge_row_pieces(const AttentionParams& p, const SplitKV& split) {
-  constexpr int kThreadsPerRow = kHeadDim / 4;
-  constexpr int kRowsPerBlock = kSplitMergeThreads / kThreadsPerRow;
-  const int64_t rows = p.batch * p.heads * p.seqlen_q;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreadsPerRow;
-  if (row >= rows) return;
-  const int col = (threadIdx.x % kThreadsPerRow) * 4;
-
-  float max_lse = -INFINITY;
-  bool nan = false;
-  for (int s = 0; s < split.num_splits; ++s) {
-    const float l = split.lse_accum[s * rows + row];
-    nan |= isnan(l);
-    max_lse = fmaxf(max_lse, l);
-  }
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float lse = -INFINITY;
-  if (nan) {
-    lse = NAN;
-    acc = make_float4(NAN, NAN, NAN, NAN);
-  } else if (max_lse != -INFINITY) {
-    float total = 0.f;
-    for (int s = 0; s < split.num_splits; ++s) total += expf(split.lse_accum[s * rows + row] - max_lse);
-    const float inv_total = 1.f / total;
-    for (int s = 0; s < split.num_splits; ++s) {
-      const float w = expf(split.lse_accum[s * rows + row] - max_lse) * inv_total;
-      if (w == 0.f) continue;  // a piece that saw no key holds zeros
-      const float4 o = *reinterpret_cast<const float4*>(split.o_accum + (s * rows + row) * kHeadDim + col);
-      acc.x += w * o.x;
-      acc.y += w * o.y;
-      acc.z += w * o.z;
-      acc.w += w * o.w;
-    }
-    lse = max_lse + logf(total);
-  }
-  const int64_t bh = row / p.seqlen_q;
-  const int64_t r = row % p.seqlen_q;
-  const int64_t b = bh / p.heads;
-  const int64_t h = bh % p.heads;
-  Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride + r * p.o_row_stride + col;
-  *reinterpret_cast<uint2*>(out) = make_uint2(pack_pair<Element>(acc.x, acc.y), pack_pair<Element>(acc.z, acc.w));
-  if (p.lse != nullptr && col == 0) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + r] = lse;
-}
-
 }  // namespace flash_wgmma
 
 /// \brief Flash attention forward on wgmma; grid (query blocks x splits, batch*heads folded
@@ -500,14 +452,6 @@ __global__ void __launch_bounds__(FlashWgmmaTraits<Element, kHeadDim>::kThreads,
     flash_wgmma_kernel(const __grid_constant__ AttentionParams p, const SplitKV split) {
   flash_wgmma::attend_block<FlashWgmmaTraits<Element, kHeadDim>, CausalMask<kCausal>, kSplit, kSequences, kPagedKV>(p,
                                                                                                               split);
-}
-
-/// \brief Merges split-KV pieces into out and lse; kSplitMergeThreads threads,
-/// 4 kSplitMergeThreads / kHeadDim rows per block.
-template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(kSplitMergeThreads) flash_wgmma_merge_kernel(const __grid_constant__ AttentionParams p,
-                                                                const SplitKV split) {
-  flash_wgmma::merge_row_pieces<Element, kHeadDim>(p, split);
 }
 
 template <typename Element, int kHeadDim, bool kCausal>
@@ -528,11 +472,33 @@ Status launch_flash_wgmma_kernel(const AttentionParams& p, const SplitKV& split,
                   static_cast<unsigned>(g.z));
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, split);
   if (Status s = cuda_status(cudaGetLastError(), "flash_wgmma_kernel launch"); !s.ok() || split.num_splits == 1) return s;
-  constexpr int kRowsPerBlock = kSplitMergeThreads / (kHeadDim / 4);
+  // The pieces, (num_splits, batch, heads, seqlen_q, head_dim) and their LSEs, merged by the
+  // shared combine (core/combine.cuh).
+  core::CombineParams c;
   const int64_t rows = p.batch * p.heads * p.seqlen_q;
-  flash_wgmma_merge_kernel<Element, kHeadDim>
-      <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kSplitMergeThreads, 0, stream>>>(p, split);
-  return cuda_status(cudaGetLastError(), "flash_wgmma_merge_kernel launch");
+  c.parts = split.o_accum;
+  c.part_stride = rows * kHeadDim;
+  c.part_batch_stride = p.heads * p.seqlen_q * kHeadDim;
+  c.part_head_stride = p.seqlen_q * kHeadDim;
+  c.part_row_stride = kHeadDim;
+  c.part_lse = split.lse_accum;
+  c.lse_part_stride = rows;
+  c.lse_batch_stride = p.heads * p.seqlen_q;
+  c.lse_head_stride = p.seqlen_q;
+  c.lse_row_stride = 1;
+  c.out = p.out;
+  c.o_batch_stride = p.o_batch_stride;
+  c.o_row_stride = p.o_row_stride;
+  c.o_head_stride = p.o_head_stride;
+  c.lse = p.lse;
+  c.lse_out_batch_stride = p.lse_batch_stride;
+  c.lse_out_head_stride = p.lse_head_stride;
+  c.num_parts = split.num_splits;
+  c.batch = p.batch;
+  c.seqlen = p.seqlen_q;
+  c.heads = p.heads;
+  c.head_dim = kHeadDim;
+  return core::launch_combine(c, DType::kFloat32, p.dtype, stream);
 }
 
 /// \brief Launches the wgmma forward on `stream` (params.device_id current, batch * heads *

@@ -30,7 +30,5 @@ constexpr int64_t kMaxGridYZ = 65535;
 // wgmma: two warpgroups of wgmma's M = 64 rows per block, 128-key tiles.
 constexpr int kWgmmaBlockM = 128;
 constexpr int kWgmmaBlockN = 128;
-// Threads per block of the split-KV merge kernel.
-constexpr int kSplitMergeThreads = 256;
 
 }  // namespace waveboost::cuda
