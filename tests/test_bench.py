@@ -462,7 +462,8 @@ def test_forward_only_implementations_sit_out_the_backward(monkeypatch):
     assert not impls._backend_applies("decode", set())(bwd) and impls._backend_applies("mma", {"mma"})(bwd)
     assert not cuda["fa3"].applies(decode) and cuda["fa3_kvcache"].applies(decode)
     assert cuda["waveboost_auto"].applies(decode) and cuda["sdpa_cudnn"].applies(decode)
-    assert cuda["fa3"].missing() and cuda["fa3_kvcache"].missing()  # no GPU here: a reason, not a crash
+    if impls.module("flash_attn3_jax") is None:  # not installed: a reason, not a crash
+        assert cuda["fa3"].missing() and cuda["fa3_kvcache"].missing()
 
 
 # ---- serving presets: decode, paged, varlen ---------------------------------------------------
@@ -503,7 +504,10 @@ def test_serving_presets_run_on_the_cpu_beside_peers(preset, tmp_path, capsys):
             assert r["pct_peak"] == pytest.approx(100 * r["gb_s"] / 50)
         else:  # a peer that cannot express the cell says why
             assert r["impl"] != "waveboost_cpu" and r["status"] == "unsupported" and r["reason"]
-    assert sum(r["status"] == "ok" for r in rows) >= 3 * len({report.cell_key(r) for r in rows})
+    # waveboost and NumPy run every cell; the framework peers where they are installed.
+    cells = {report.cell_key(r) for r in rows}
+    for impl in ("waveboost_cpu", "numpy"):
+        assert sum(r["impl"] == impl and r["status"] == "ok" for r in rows) == len(cells), impl
     summary = (out / "summary.md").read_text()
     assert "GB/s (% of peak)" in summary
 
@@ -581,6 +585,10 @@ def test_flash_attention_3_kvcache_adapter_with_a_stand_in(case, monkeypatch):
     (impl,) = [i for i in impls.registry("cuda") if i.name == "fa3_kvcache"]
     inputs = measure.make_inputs(case, "cpu", seed=7)
     settings = measure.Settings(device="cpu", repeats=3, budget_s=0.001, mem_limit_bytes=1e9)
-    row = measure.run_cell(case, impl, inputs, measure.Reference(case, inputs), settings)
+    # The stand-in's XLA attention on the host in full fp32 precision (on a GPU, XLA's default
+    # fp32 matmuls use TF32, too coarse for the 1e-5 check of the plumbing).
+    import jax
+    with jax.default_device(jax.devices("cpu")[0]), jax.default_matmul_precision("highest"):
+        row = measure.run_cell(case, impl, inputs, measure.Reference(case, inputs), settings)
     assert row["status"] == "ok" and row["rel_err"] < 1e-5, row
     assert fake.splits_seen == {1, 8, 32} and "num_splits=" in row["reason"]

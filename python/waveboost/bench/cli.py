@@ -191,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.peak_gbs is not None and not args.peak_gbs > 0:
         parser.error(f"--peak-gbs must be > 0; got {args.peak_gbs}")
-    chosen = applicable(select(registry, args.impls), cases)
+    selected = select(registry, args.impls)
+    chosen = applicable(selected, cases)
+    for name in sorted({i.name for i in selected} - {i.name for i in chosen}):
+        if args.impls and name in args.impls.split(","):  # named outright, not through a glob
+            print(f"note: {name} takes part in no cell of this grid (pass or layout); it is left out", file=sys.stderr)
     impl_info = [{"name": i.name, "kind": i.kind, "missing": i.missing()} for i in chosen]
     runnable = [i for i, info in zip(chosen, impl_info) if not info["missing"]]
     names = [i.name for i in chosen]
