@@ -11,7 +11,6 @@ median times. Both read the same (batch, seqlen, heads, head_dim) storage; torch
 import argparse
 import csv
 import os
-import platform
 import statistics
 import sys
 import time
@@ -20,36 +19,13 @@ import numpy as np
 import torch
 
 import waveboost
+from waveboost.bench.report import cpu_name
 
 SHAPES = [  # (batch, heads, seqlen, head_dim)
     (1, 8, 2048, 128),
     (1, 8, 1024, 64),
     (1, 4, 4096, 128),
 ]
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def isa() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(line for line in f if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "?"
-    if "avx512f" in flags:
-        return "avx512f"
-    if "avx2" in flags and "fma" in flags:
-        return "avx2+fma"
-    return "sse"
 
 
 def time_call(fn, reps: int) -> float:
@@ -78,7 +54,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     causals = [False, True] if args.causal == "both" else [args.causal == "1"]
-    print(f"# {cpu_model()}, {isa()}, {args.threads} threads, torch {torch.__version__}, "
+    isa = waveboost.info()["cpu_isa"]  # the CPU path waveboost runs (avx512, avx2 or baseline)
+    print(f"# {cpu_name()}, {isa}, {args.threads} threads, torch {torch.__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"# {' '.join(sys.argv)}")
     header = ["batch", "heads", "seqlen", "head_dim", "causal", "wb_ms", "torch_ms", "wb_gflops", "torch_gflops",
@@ -114,7 +91,7 @@ def main() -> int:
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["# cpu", cpu_model(), "isa", isa(), "threads", args.threads, "torch", torch.__version__,
+            w.writerow(["# cpu", cpu_name(), "isa", isa, "threads", args.threads, "torch", torch.__version__,
                         "date", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())])
             w.writerow(["# command", " ".join(sys.argv)])
             w.writerow(header)

@@ -43,6 +43,8 @@ import sys
 import time
 from datetime import datetime
 
+from . import grid, report
+
 PROG = "python -m waveboost.bench --distributed N"
 COLUMNS = ["seqlen", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "world", "backend", "impl",
            "layout", "strategy", "pass", "status", "reason", "rel_err", "calls", "time_ms", "fastest_rank_ms",
@@ -92,9 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _ints(text: str, arg: str) -> list[int]:
     try:
-        values = [int(x) for x in str(text).split(",") if x.strip()]
+        values = list(grid.parse_ints(str(text)))
     except ValueError:
-        raise SystemExit(f"{arg}: expected comma-separated integers; got {text!r}")
+        raise SystemExit(f"{arg}: expected comma-separated integers; got {text!r}") from None
     if not values or any(v <= 0 for v in values):
         raise SystemExit(f"{arg}: expected positive integers; got {text!r}")
     return values
@@ -279,7 +281,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         dist.init_process_group("gloo")
     import waveboost
-    from . import report
 
     world, rank = dist.get_world_size(), dist.get_rank()
     for L in seqlens:
@@ -550,14 +551,6 @@ def _line(row: dict | None) -> str:
     return text
 
 
-def _csv_value(value):
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return "" if value is None else value
-
-
 def write_files(out_dir: str, meta: dict, rows: list[dict]) -> list[str]:
     """context_parallel.csv and results.json in out_dir (rewritten whole: cheap, and always complete)."""
     os.makedirs(out_dir, exist_ok=True)
@@ -566,7 +559,7 @@ def write_files(out_dir: str, meta: dict, rows: list[dict]) -> list[str]:
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
         for row in rows:
-            writer.writerow([_csv_value(row.get(c)) for c in COLUMNS])
+            writer.writerow([report.csv_value(row.get(c)) for c in COLUMNS])
     os.replace(path_csv + ".tmp", path_csv)
     path_json = os.path.join(out_dir, "results.json")
     with open(path_json + ".tmp", "w") as f:

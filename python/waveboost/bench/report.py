@@ -62,7 +62,8 @@ def _nvidia_driver() -> str | None:
         return None
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -79,7 +80,7 @@ def environment(device: str) -> dict:
     for name in ("waveboost", "numpy", "torch", "jax", "jaxlib", "cupy", "triton"):
         mod = module(name)
         versions[name] = getattr(mod, "__version__", None) if mod else None
-    env = {"device": device, "platform": platform.platform(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+    env = {"device": device, "platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
            "versions": versions}
     if hasattr(os, "getloadavg"):  # other work on the machine skews CPU timings most: say how busy it was
         env["load_average_1_5_15m"] = [round(x, 2) for x in os.getloadavg()]
@@ -144,7 +145,8 @@ def slug(text: str) -> str:
 
 # ---- files ----------------------------------------------------------------------------------
 
-def _csv_value(value):
+def csv_value(value):
+    """One CSV field: bools as 0/1, floats to 6 significant digits, None as empty."""
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, float):
@@ -164,7 +166,7 @@ def write_files(out_dir: str, meta: dict, impls: list[dict], rows: list[dict]) -
             for r in rows:
                 mb = r.get("mem_extra_bytes")
                 full = {**r, "mem_extra_mb": mb / 2**20 if mb is not None else None}
-                writer.writerow([_csv_value(full.get(c)) for c in columns])
+                writer.writerow([csv_value(full.get(c)) for c in columns])
         written.append(path)
     path = os.path.join(out_dir, "results.json")
     with open(path, "w") as f:
