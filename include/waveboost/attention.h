@@ -218,6 +218,16 @@ AttentionBackwardParams with_resolved_scale(const AttentionBackwardParams& param
 
 const char* backend_name(Backend backend);
 const char* dtype_name(DType dtype);
+// Bytes per element of `dtype` (0 for a value outside the enum).
+inline constexpr int dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+    case DType::kBFloat16: return 2;
+    case DType::kFloat32: return 4;
+    case DType::kFloat64: return 8;
+  }
+  return 0;
+}
 // Parses "auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma", "decode"; false for anything else.
 bool parse_backend(const std::string& name, Backend* backend);
 

@@ -16,16 +16,6 @@ namespace {
 
 std::string str(int64_t x) { return std::to_string(x); }
 
-int64_t element_size(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-    case DType::kBFloat16: return 2;
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-  }
-  return 0;
-}
-
 float bfloat16_to_float(uint16_t bits) {
   const uint32_t u = static_cast<uint32_t>(bits) << 16;
   float f;
@@ -66,7 +56,7 @@ void store(void* base, int64_t index, DType dtype, double value) {
 }  // namespace
 
 Status merge_attention_states(const MergeStatesParams& p) {
-  if (element_size(p.dtype) == 0 || element_size(p.outs_dtype) == 0)
+  if (dtype_size(p.dtype) == 0 || dtype_size(p.outs_dtype) == 0)
     return Status::InvalidArgument("merge_attention_states: dtype is not one of float16, bfloat16, float32, float64");
   for (auto [value, name] : {std::pair{p.num_parts, "num_parts"}, {p.batch, "batch"}, {p.seqlen, "seqlen"},
                              {p.heads, "heads"}, {p.head_dim, "head_dim"}})
@@ -116,7 +106,7 @@ Status merge_attention_states(const MergeStatesParams& p) {
 }
 
 Status kv_cache_append(const KVCacheAppendParams& p) {
-  const int64_t elem = element_size(p.dtype);
+  const int64_t elem = dtype_size(p.dtype);
   if (elem == 0) return Status::InvalidArgument("kv_cache_append: dtype is not one of float16, bfloat16, float32, float64");
   for (auto [value, name] : {std::pair{p.batch, "batch"}, {p.seqlen_new, "seqlen_new"}, {p.heads_kv, "heads_kv"},
                              {p.head_dim, "head_dim"}, {p.capacity, "capacity"}})

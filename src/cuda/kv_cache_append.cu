@@ -9,16 +9,6 @@
 namespace waveboost::cuda {
 namespace {
 
-int element_bytes(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-    case DType::kBFloat16: return 2;
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-  }
-  return 0;
-}
-
 template <int kElementBytes>
 Status launch_append(const KVCacheAppendParams& p, int64_t blocks, cudaStream_t stream) {
   const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
@@ -43,7 +33,7 @@ Status kv_cache_append(const KVCacheAppendParams& p, void* stream) {
                              {p.head_dim, "head_dim"}, {p.capacity, "capacity"}}) {
     if (value < 0) return Status::InvalidArgument(std::string(name) + " must be >= 0; got " + std::to_string(value));
   }
-  const int bytes = element_bytes(p.dtype);
+  const int bytes = dtype_size(p.dtype);
   if (bytes == 0) return Status::InvalidArgument("kv_cache_append: dtype is not one of float16, bfloat16, float32, float64");
   if (p.block_table != nullptr && (p.page_size < 1 || p.num_pages < 1))
     return Status::InvalidArgument("kv_cache_append: page_size and num_pages must be >= 1 with a block_table; got " +
