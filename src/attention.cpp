@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_paths.h"
+#include "cuda/kernel_registry.h"
 #endif
 
 namespace waveboost {
@@ -377,6 +378,20 @@ Status attention_forward(const AttentionParams& params, Backend backend, void* s
   return Status::Internal(std::string("no dispatch for backend '") + backend_name(backend) + "'");
 }
 
+Status plan_forward(const AttentionParams& params, Backend backend, ForwardPlan* plan) {
+  if (Status s = validate(params); !s.ok()) return s;
+  const AttentionParams p = with_resolved_scale(params);
+  if (backend == Backend::kAuto) backend = select_backend(p);
+  if (Status s = can_implement(p, backend); !s.ok()) return s;
+  plan->backend = backend;
+  plan->kernel = backend_name(backend);
+  plan->num_splits = 1;
+#ifdef WAVEBOOST_WITH_CUDA
+  if (is_cuda_backend(backend)) return cuda::plan_forward(p, backend, plan);
+#endif
+  return Status::Ok();
+}
+
 // ---------------------------------------------------------------------------
 // Backward
 // ---------------------------------------------------------------------------
@@ -458,6 +473,14 @@ Status attention_backward(const AttentionBackwardParams& params, Backend backend
   }
   (void)stream;
   return Status::Internal(std::string("no backward dispatch for backend '") + backend_name(backend) + "'");
+}
+
+std::vector<KernelInfo> kernel_table() {
+#ifdef WAVEBOOST_WITH_CUDA
+  return cuda::kernel_infos();
+#else
+  return {};
+#endif
 }
 
 // ---------------------------------------------------------------------------

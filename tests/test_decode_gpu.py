@@ -89,6 +89,9 @@ def test_split_and_unsplit_grids(b, heads, heads_kv, lk):
     g = gen(b * 1000 + lk)
     q, k, v = randn(g, b, 1, heads, 128, dtype=torch.bfloat16), randn(g, b, lk, heads_kv, 128, dtype=torch.bfloat16), \
         randn(g, b, lk, heads_kv, 128, dtype=torch.bfloat16)
+    # One block per (sequence, kv head) here: the keys are split wherever those leave an SM idle.
+    if 2 * b * heads_kv <= torch.cuda.get_device_properties(0).multi_processor_count:
+        assert waveboost.plan(q, k, v, backend="decode")["num_splits"] > 1
     out = torch.full_like(q, float("nan"))
     _, lse = waveboost.attention(q, k, v, out=out, return_lse=True, backend="decode")
     ref, ref_lse = attention_ref_torch(q, k, v, False, 1 / math.sqrt(128))

@@ -123,6 +123,11 @@ def test_wgmma_split_kv_matches_reference(shape, dname, d, causal):
         waveboost.resolve_backend(q, k, v, backend="wgmma")
     except ValueError as e:
         pytest.skip(f"backend 'wgmma' cannot run on this GPU: {e}")
+    # The split ran wherever the grid (blocks of 128 query rows) leaves over half of the SMs idle.
+    blocks = b * h * -(-lq // 128)
+    if 2 * blocks <= torch.cuda.get_device_properties(0).multi_processor_count:
+        plan = waveboost.plan(q, k, v, causal=causal, backend="wgmma")
+        assert plan["num_splits"] > 1 and plan["kernel"] == f"wgmma_hdim{d}_{dname}", plan
     out = torch.full_like(q, float("nan"))
     poison_allocator(b * h * lq * 4)
     _, lse = waveboost.attention(q, k, v, causal=causal, out=out, return_lse=True, backend="wgmma")

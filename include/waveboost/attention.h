@@ -143,6 +143,18 @@ Status can_implement(const AttentionParams& params, Backend backend);
 // The backend kAuto resolves to for these params.
 Backend select_backend(const AttentionParams& params);
 
+// What attention_forward would run for these params on `backend` (kAuto resolved): the backend,
+// the kernel (a name of kernel_table(), or the backend's name for paths outside it: cpu, naive)
+// and how many pieces the keys are cut into (split-KV: the pieces run as separate blocks and are
+// merged after; 1: unsplit). Nothing runs. The launchers take the same decisions from the same
+// functions, so a test can assert which path a call takes whatever the device's SM count.
+struct ForwardPlan {
+  Backend backend = Backend::kAuto;
+  std::string kernel;
+  int num_splits = 1;
+};
+Status plan_forward(const AttentionParams& params, Backend backend, ForwardPlan* plan);
+
 // Generic checks on shapes, strides, scale and pointers shared by every path.
 Status validate(const AttentionParams& params);
 
@@ -258,6 +270,25 @@ struct BackendCapabilities {
 inline constexpr int64_t kProbedHeadDims[] = {8, 16, 32, 48, 64, 80, 96, 128, 160, 192, 256, 512};
 // One record per backend compiled in (kAuto excluded), in the enum's order.
 std::vector<BackendCapabilities> capabilities(int device_id = 0);
+
+// One compiled CUDA kernel: a row of the registry the CUDA backends dispatch through (generated
+// with the kernels from the table in src/cuda/kernels.py). What a row says is necessary for the
+// kernel to run; the backend's can_implement adds what depends on the call (grid limits, page
+// sizes, ...), and capabilities() gives the answer for a device.
+struct KernelInfo {
+  std::string name;      // e.g. "mma_hdim64_bf16"
+  Backend backend = Backend::kAuto;
+  bool backward = false;  // the pass: forward or backward
+  std::string variant;   // "" the backend's general kernel; e.g. "tma", a faster one tried first
+  DType dtype = DType::kFloat32;
+  int64_t head_dim = 0;
+  int min_compute_capability = 0;  // major * 10 + minor
+  int max_compute_capability = 0;  // 0: no upper bound
+  int vector_elements = 0;         // 16 B pieces of this many elements (base and strides aligned); 0: none
+  int smem_bytes = -1;             // dynamic shared memory per block; -1: depends on the call
+};
+// The rows compiled into this build (empty without CUDA).
+std::vector<KernelInfo> kernel_table();
 
 // Blocks the host until `stream` on CUDA device `device_id` is idle (only for
 // callers whose framework cannot order work after ours, e.g. eager JAX through DLPack).

@@ -6,10 +6,10 @@
 """
 
 from ._api import BACKENDS, attention, attention_backward, backward_backends, flash_attn_func, info, resolve_backend
-from ._api import attention_varlen, attention_with_kvcache, capabilities, merge_attention_states
+from ._api import attention_varlen, attention_with_kvcache, capabilities, kernels, merge_attention_states, plan
 
 __version__ = info()["version"]
 
 __all__ = ["BACKENDS", "attention", "attention_backward", "backward_backends", "flash_attn_func", "info",
            "resolve_backend", "__version__", "attention_varlen", "attention_with_kvcache", "capabilities",
-           "merge_attention_states"]
+           "kernels", "merge_attention_states", "plan"]

@@ -330,6 +330,15 @@ def resolve_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: st
     check_backend(backend)
     causal = check_flag(causal, "causal")
     backward = check_flag(backward, "backward")
+    if backward:
+        _check_backward_backend(backend)
+        return _ask_about_qkv(_waveboost.resolve_backward_backend, q, k, v, causal, backend)
+    return _ask_about_qkv(_waveboost.resolve_backend, q, k, v, causal, backend)
+
+
+def _ask_about_qkv(query, q: Any, k: Any, v: Any, *rest):
+    """query(q, k, v, *rest) of the compiled module on q, k, v of one framework, viewed as DLPack
+    tensors (nothing runs on them)."""
     q, k, v = (_host_view(t, name) for name, t in (("q", q), ("k", k), ("v", v)))
     adapter = _adapter_for(q, "q")
     for name, t in (("k", k), ("v", v)):
@@ -339,10 +348,7 @@ def resolve_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: st
     prep = adapter.prepare
     args = (prep(q, "q"), prep(k, "k"), prep(v, "v"))
     try:
-        if backward:
-            _check_backward_backend(backend)
-            return _waveboost.resolve_backward_backend(*args, causal, backend)
-        return _waveboost.resolve_backend(*args, causal, backend)
+        return query(*args, *rest)
     except TypeError as e:
         if "incompatible function arguments" not in str(e):
             raise
@@ -490,6 +496,34 @@ def capabilities(device: int = 0) -> list:
                                                       ("backward", record["backward_dtypes"])) if dtypes]
         records.append(record)
     return records
+
+
+def plan(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str = "auto") -> dict:
+    """What ``attention(q, k, v, causal=causal, backend=backend)`` would launch, without running it:
+    a dict with ``backend`` (``auto`` resolved), ``kernel`` (a ``name`` of ``kernels()``, or the
+    backend's name for the paths outside the kernel table: ``cpu``, ``naive``) and ``num_splits``
+    (the pieces the keys are cut into and merged after, split-KV; 1 when unsplit). The launchers
+    decide through the same functions, so the answer is the call's. ValueError says why if the
+    call cannot run."""
+    check_backend(backend)
+    causal = check_flag(causal, "causal")
+    return dict(_ask_about_qkv(_waveboost.plan, q, k, v, causal, backend))
+
+
+def kernels() -> list:
+    """The CUDA kernels compiled into this build, one record (a dict) per row of the kernel
+    registry that the CUDA backends dispatch through (generated from the table in
+    ``src/cuda/kernels.py``); empty in a build without CUDA.
+
+    Keys: ``name``, ``backend``, ``pass`` ("forward" or "backward"), ``variant`` ("" for the
+    backend's general kernel, e.g. "tma" for a faster one it tries first), ``dtype``,
+    ``head_dim``, ``min_compute_capability`` and ``max_compute_capability`` (major * 10 + minor;
+    None: no upper bound), ``vector_elements`` (q/k/v/out move in 16-byte pieces of this many
+    elements, so their base and strides must be multiples of it; 0: no alignment needed) and
+    ``smem_bytes`` (shared memory per block; None where it depends on the call). What the rows
+    need is necessary, not sufficient: ``capabilities()`` says what runs on a device.
+    """
+    return [dict(r) for r in _waveboost.kernel_table()]
 
 
 # ---------------------------------------------------------------------------

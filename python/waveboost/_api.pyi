@@ -42,6 +42,29 @@ class Capability(TypedDict):
     deterministic_backward: bool
 
 def capabilities(device: int = ...) -> list[Capability]: ...
+
+# "pass" is a keyword: the functional form.
+KernelRecord = TypedDict("KernelRecord", {
+    "name": str,
+    "backend": ResolvedBackend,
+    "pass": Literal["forward", "backward"],
+    "variant": str,
+    "dtype": Literal["float16", "bfloat16", "float32"],
+    "head_dim": int,
+    "min_compute_capability": int,
+    "max_compute_capability": Optional[int],
+    "vector_elements": int,
+    "smem_bytes": Optional[int],
+})
+
+def kernels() -> list[KernelRecord]: ...
+
+class Plan(TypedDict):
+    backend: ResolvedBackend
+    kernel: str
+    num_splits: int
+
+def plan(q: Any, k: Any, v: Any, *, causal: bool = ..., backend: BackendName = ...) -> Plan: ...
 def check_flag(value: Any, arg: str) -> bool: ...
 def check_backend(backend: Any) -> BackendName: ...
 def check_softmax_scale(softmax_scale: Any) -> Optional[float]: ...

@@ -1,71 +1,15 @@
-// Backward passes of the CUDA paths: can_implement, workspaces and the dtype x head_dim dispatch
-// onto include/waveboost/cuda/naive_backward.cuh, flash_bwd_mma.cuh and (sm_90a objects in
-// src/cuda/sm90/) flash_bwd_wgmma.cuh.
+// Backward passes of the CUDA paths: can_implement, workspaces and the launches of
+// include/waveboost/cuda/naive_backward.cuh, flash_bwd_mma.cuh (through the kernel registry) and
+// (sm_90a objects in src/cuda/sm90/) flash_bwd_wgmma.cuh.
 #include <string>
 
 #include "cuda_paths.h"
+#include "kernel_registry.h"
+#include "workspace.h"
 #include "waveboost/cuda/flash_bwd_mma.cuh"
 #include "waveboost/cuda/naive_backward.cuh"
 
 namespace waveboost::cuda {
-
-namespace {
-
-// A stream-ordered workspace from the device's pool, freed on the same stream when it goes.
-class PoolWorkspace {
- public:
-  PoolWorkspace(int device_id, size_t bytes, cudaStream_t stream, const char* what) : stream_(stream), what_(what) {
-    if (bytes == 0) return;
-    cudaMemPool_t pool = nullptr;
-    status_ = workspace_pool(device_id, &pool);
-    if (!status_.ok()) return;
-    const cudaError_t err = cudaMallocFromPoolAsync(&ptr_, bytes, pool, stream);
-    if (err != cudaSuccess) {
-      cudaGetLastError();  // an out-of-memory here must not be reported again by the next unrelated check
-      ptr_ = nullptr;
-      status_ = cuda_status(err, ("cudaMallocFromPoolAsync of the " + std::string(what) + " (" +
-                                  std::to_string(bytes) + " bytes)").c_str());
-    }
-  }
-  ~PoolWorkspace() {
-    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
-  }
-  PoolWorkspace(const PoolWorkspace&) = delete;
-  PoolWorkspace& operator=(const PoolWorkspace&) = delete;
-
-  // Frees now and reports the result (instead of the destructor, which cannot).
-  Status release() {
-    if (ptr_ == nullptr) return Status::Ok();
-    const cudaError_t err = cudaFreeAsync(ptr_, stream_);
-    ptr_ = nullptr;
-    return cuda_status(err, ("cudaFreeAsync of the " + std::string(what_)).c_str());
-  }
-  const Status& status() const { return status_; }
-  void* get() const { return ptr_; }
-
- private:
-  cudaStream_t stream_;
-  const char* what_;
-  void* ptr_ = nullptr;
-  Status status_;
-};
-
-// The caller's dout/dq/dk/dv move in 16 B pieces on the mma path, like q/k/v/out
-// (vector_friendly): 16 B aligned, strides of used dimensions multiples of 8 elements.
-bool backward_vector_friendly(const AttentionBackwardParams& p) {
-  if (!vector_friendly(p, 8)) return false;
-  const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
-  const auto used = [](int64_t stride, int64_t extent) { return extent > 1 ? stride : int64_t{0}; };
-  const int64_t strides = used(p.do_batch_stride, p.batch) | used(p.do_row_stride, p.seqlen_q) |
-                          used(p.do_head_stride, p.heads) | used(p.dq_batch_stride, p.batch) |
-                          used(p.dq_row_stride, p.seqlen_q) | used(p.dq_head_stride, p.heads) |
-                          used(p.dk_batch_stride, p.batch) | used(p.dk_row_stride, p.seqlen_k) |
-                          used(p.dk_head_stride, p.heads_kv) | used(p.dv_batch_stride, p.batch) |
-                          used(p.dv_row_stride, p.seqlen_k) | used(p.dv_head_stride, p.heads_kv);
-  return aligned(p.dout) && aligned(p.dq) && aligned(p.dk) && aligned(p.dv) && (strides & 7) == 0;
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------
 // naive
@@ -152,7 +96,7 @@ Status flash_backward_checks(const AttentionBackwardParams& p, const std::string
     return Status::NotSupported("backend '" + backend + "' (backward) supports head_dim 64 and 128; got " +
                                 std::to_string(p.head_dim));
   }
-  if (!backward_vector_friendly(p)) {
+  if (!vector_friendly(p, 8) || !gradients_vector_friendly(p, 8)) {
     return Status::NotSupported("backend '" + backend + "' (backward) needs 16-byte aligned q/k/v/out/dout/dq/dk/dv "
                                 "with strides that are multiples of 8 elements");
   }
@@ -172,13 +116,8 @@ Status backward_smem_fits(const AttentionBackwardParams& p, const std::string& b
 }
 
 Status mma_can_implement_backward(const AttentionBackwardParams& p) {
-  if (Status s = flash_backward_checks(p, "mma"); !s.ok()) return s;
-  int cc = 0;
-  if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
-  if (cc < 80) {
-    return Status::NotSupported("backend 'mma' needs compute capability >= 8.0; device " +
-                                std::to_string(p.device_id) + " has " + cc_string(cc));
-  }
+  const KernelRecord* kernel = nullptr;
+  if (Status s = check_kernel(p, Backend::kMma, &kernel); !s.ok()) return s;
   const int64_t block_n = flash_bwd_mma_block_n(p.head_dim);
   dim3 grid;
   if (Status s = backward_grid(p, block_n, "mma", &grid); !s.ok()) return s;
@@ -188,7 +127,7 @@ Status mma_can_implement_backward(const AttentionBackwardParams& p) {
                                 std::to_string(block_n) + ") up to 1073741823; got seqlen_k " +
                                 std::to_string(p.seqlen_k));
   }
-  return backward_smem_fits(p, "mma", flash_bwd_mma_smem_bytes(p.head_dim));
+  return Status::Ok();
 }
 
 // Runs launch(p, workspace, stream) of a flash backward over a pool workspace of the mma
@@ -208,16 +147,10 @@ Status run_flash_backward(const AttentionBackwardParams& p, void* stream, const 
 }
 
 Status mma_backward(const AttentionBackwardParams& p, void* stream) {
-  return run_flash_backward(p, stream, "mma backward workspace", [](const AttentionBackwardParams& q, void* ws,
-                                                                    cudaStream_t s) -> Status {
-    if (q.dtype == DType::kFloat16 && q.head_dim == 64) return launch_flash_bwd_mma<__half, 64>(q, ws, s);
-    if (q.dtype == DType::kFloat16 && q.head_dim == 128) return launch_flash_bwd_mma<__half, 128>(q, ws, s);
-    if (q.dtype == DType::kBFloat16 && q.head_dim == 64) return launch_flash_bwd_mma<__nv_bfloat16, 64>(q, ws, s);
-    if (q.dtype == DType::kBFloat16 && q.head_dim == 128) return launch_flash_bwd_mma<__nv_bfloat16, 128>(q, ws, s);
-    return Status::NotSupported(std::string("backend 'mma' (backward) supports float16 and bfloat16 with head_dim 64 "
-                                            "and 128; got ") + dtype_name(q.dtype) + " with head_dim " +
-                                std::to_string(q.head_dim));
-  });
+  return run_flash_backward(p, stream, "mma backward workspace",
+                            [](const AttentionBackwardParams& q, void* ws, cudaStream_t s) {
+                              return run_backward(Backend::kMma, q, ws, s);
+                            });
 }
 
 // ---------------------------------------------------------------------------

@@ -29,6 +29,13 @@ Status wmma_forward(const AttentionParams& params, void* stream);
 Status mma_forward(const AttentionParams& params, void* stream);
 Status wgmma_forward(const AttentionParams& params, void* stream);
 
+// The kernel and split count a forward on `backend` would launch (plan_forward in attention.h);
+// expects can_implement to have passed. Each backend's launcher takes its decisions through the
+// same functions (src/cuda/kernel_registry.cu, wgmma_plan, decode_plan).
+Status plan_forward(const AttentionParams& params, Backend backend, ForwardPlan* plan);
+Status wgmma_plan(const AttentionParams& params, ForwardPlan* plan);
+Status decode_plan(const AttentionParams& params, ForwardPlan* plan);
+
 // Split-KV decode (src/cuda/decode_launch.cu).
 Status decode_can_implement(const AttentionParams& params);
 Status decode_forward(const AttentionParams& params, void* stream);

@@ -1,10 +1,12 @@
 // Backend "decode": can_implement, the number of split-KV pieces, the workspace, and the
-// dtype x head_dim dispatch of the decode kernel (include/waveboost/cuda/decode.cuh), followed
-// by the combine (include/waveboost/cuda/core/combine.cuh) when the keys were split.
+// launch of the decode kernel (include/waveboost/cuda/decode.cuh) through the kernel registry,
+// followed by the combine (include/waveboost/cuda/core/combine.cuh) when the keys were split.
 #include <cstdint>
 #include <string>
 
 #include "cuda_paths.h"
+#include "kernel_registry.h"
+#include "workspace.h"
 #include "waveboost/cuda/common.cuh"
 #include "waveboost/cuda/core/combine.cuh"
 #include "waveboost/cuda/decode.cuh"
@@ -17,20 +19,6 @@ namespace {
 constexpr int kDecodeBlocksPerSM = 2;
 // Pieces per (sequence, kv head) at most: bounds the combine's reads per output row.
 constexpr int kMaxDecodeSplits = 128;
-
-// 16 B accesses: base pointers aligned, every applied stride a multiple of 8 elements. Packed
-// (varlen) q/out and k/v apply no batch stride; a paged cache applies its page stride always.
-bool decode_vector_friendly(const AttentionParams& p) {
-  const auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
-  const auto used = [](int64_t stride, bool applied) { return applied ? stride : int64_t{0}; };
-  const bool q_batched = !p.is_varlen_q() && p.batch > 1;
-  const bool k_batched = p.is_paged() || (!p.is_varlen_k() && p.batch > 1);
-  const int64_t strides = used(p.q_batch_stride, q_batched) | used(p.o_batch_stride, q_batched) |
-                          p.q_row_stride | p.q_head_stride | p.o_row_stride | p.o_head_stride |
-                          used(p.k_batch_stride, k_batched) | used(p.v_batch_stride, k_batched) | p.k_row_stride |
-                          p.k_head_stride | p.v_row_stride | p.v_head_stride;
-  return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.out) && (strides & 7) == 0;
-}
 
 int64_t decode_row_tiles(const AttentionParams& p) {
   const int64_t block_m = decode_block_m(p);
@@ -55,58 +43,41 @@ int decode_splits(const AttentionParams& p, int multiprocessors) {
 }
 
 Status launch(const AttentionParams& p, const DecodeSplit& split, cudaStream_t s) {
-  switch (p.dtype) {
-    case DType::kFloat16:
-      switch (p.head_dim) {
-        case 64: return launch_decode_hdim64_fp16(p, split, s);
-        case 128: return launch_decode_hdim128_fp16(p, split, s);
-        default: break;
-      }
-      break;
-    case DType::kBFloat16:
-      switch (p.head_dim) {
-        case 64: return launch_decode_hdim64_bf16(p, split, s);
-        case 128: return launch_decode_hdim128_bf16(p, split, s);
-        default: break;
-      }
-      break;
-    default: break;
-  }
-  return Status::NotSupported(std::string("backend 'decode' supports float16 and bfloat16 with head_dim 64 and 128; "
-                                          "got ") + dtype_name(p.dtype) + " with head_dim " + std::to_string(p.head_dim));
+  ForwardLaunch launch;
+  launch.stream = s;
+  launch.decode = &split;
+  return run_forward(Backend::kDecode, "", p, launch);
 }
 
 }  // namespace
 
 Status decode_can_implement(const AttentionParams& p) {
-  if (p.device_type != DeviceType::kCUDA)
-    return Status::NotSupported("backend 'decode' runs on CUDA devices; got tensors on the CPU");
-  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
-    return Status::NotSupported(std::string("backend 'decode' supports float16 and bfloat16; got ") +
-                                dtype_name(p.dtype));
-  if (p.head_dim != 64 && p.head_dim != 128)
-    return Status::NotSupported("backend 'decode' supports head_dim 64 and 128; got " + std::to_string(p.head_dim));
-  if (!decode_vector_friendly(p))
-    return Status::NotSupported(
-        "backend 'decode' needs 16-byte aligned q/k/v/out with strides that are multiples of 8 elements");
-  int cc = 0;
-  if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
-  if (cc < 80)  // cp.async and bf16 mma.sync
-    return Status::NotSupported("backend 'decode' needs compute capability >= 8.0; device " +
-                                std::to_string(p.device_id) + " has " + cc_string(cc));
+  const KernelRecord* kernel = nullptr;
+  if (Status s = check_kernel(p, Backend::kDecode, &kernel); !s.ok()) return s;
   if (p.heads_kv > 0) {
     const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
     if (blocks > INT32_MAX)
       return Status::NotSupported("backend 'decode' runs up to 2147483647 blocks (query row tiles x batch x heads_kv); "
                                   "got " + std::to_string(blocks));
   }
+  // The tile height, and so the shared memory, depends on the query rows per kv head.
   int smem_optin = 0;
-  WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id));
+  if (Status s = max_shared_memory_per_block(p.device_id, &smem_optin); !s.ok()) return s;
   const int smem_needed = p.heads_kv > 0 ? decode_smem_bytes(p) : 0;
   if (smem_needed > smem_optin)
     return Status::NotSupported("backend 'decode' needs " + std::to_string(smem_needed) +
                                 " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
                                 "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
+  return Status::Ok();
+}
+
+Status decode_plan(const AttentionParams& p, ForwardPlan* plan) {
+  int multiprocessors = 0;
+  if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
+  plan->num_splits = decode_splits(p, multiprocessors);
+  const KernelRecord* k = find_kernel(Backend::kDecode, false, "", p.dtype, p.head_dim);
+  if (k == nullptr) return Status::Internal("decode_plan: no kernel for a call can_implement accepted");
+  plan->kernel = k->name;
   return Status::Ok();
 }
 
@@ -124,16 +95,9 @@ Status decode_forward(const AttentionParams& p, void* stream) {
   // Pieces: O (fp32) [split][b][i][h][d] and LSE [split][b][h][i]. splits x blocks <= 2 x SMs,
   // so at most 2 x SMs x 64 rows (8.7 MB at head dim 128 on an H100), kept by the pool.
   const size_t floats = static_cast<size_t>(split.num_splits) * p.batch * p.seqlen_q * p.heads;
-  const size_t bytes = floats * (p.head_dim + 1) * sizeof(float);
-  cudaMemPool_t pool = nullptr;
-  if (Status st = workspace_pool(p.device_id, &pool); !st.ok()) return st;
-  void* workspace = nullptr;
-  if (const cudaError_t err = cudaMallocFromPoolAsync(&workspace, bytes, pool, s); err != cudaSuccess) {
-    cudaGetLastError();  // an out-of-memory here must not be reported again by the next unrelated check
-    return cuda_status(err, ("cudaMallocFromPoolAsync of the decode split-KV workspace (" + std::to_string(bytes) +
-                             " bytes)").c_str());
-  }
-  split.o_accum = static_cast<float*>(workspace);
+  PoolWorkspace workspace(p.device_id, floats * (p.head_dim + 1) * sizeof(float), s, "decode split-KV workspace");
+  if (!workspace.status().ok()) return workspace.status();
+  split.o_accum = static_cast<float*>(workspace.get());
   split.lse_accum = split.o_accum + floats * p.head_dim;
   Status status = launch(p, split, s);
   if (status.ok()) {
@@ -163,7 +127,7 @@ Status decode_forward(const AttentionParams& p, void* stream) {
     c.head_dim = p.head_dim;
     status = core::launch_combine(c, DType::kFloat32, p.dtype, s);
   }
-  const Status freed = cuda_status(cudaFreeAsync(workspace, s), "cudaFreeAsync of the decode split-KV workspace");
+  const Status freed = workspace.release();
   return status.ok() ? freed : status;
 }
 

@@ -136,6 +136,23 @@ NB_MODULE(_waveboost, m) {
       "The backend a call with these tensors would run; raises ValueError with the reason if it cannot run.");
 
   m.def(
+      "plan",
+      [](InputTensor q, InputTensor k, InputTensor v, bool causal, const std::string& backend) {
+        const Backend b = backend_from_name(backend);
+        const AttentionParams p = waveboost::frontend::forward_params(describe(q), describe(k), describe(v), nullptr,
+                                                                      nullptr, causal, std::nullopt);
+        waveboost::ForwardPlan plan;
+        raise_status(waveboost::plan_forward(p, b, &plan));
+        nb::dict r;
+        r["backend"] = waveboost::backend_name(plan.backend);
+        r["kernel"] = plan.kernel;
+        r["num_splits"] = plan.num_splits;
+        return r;
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal") = false, nb::arg("backend") = "auto",
+      "What a call with these tensors would launch: backend, kernel and split-KV pieces; nothing runs.");
+
+  m.def(
       "stream_synchronize",
       [](int device_id, uintptr_t stream) {
         without_gil([&] { return waveboost::stream_synchronize(device_id, reinterpret_cast<void*>(stream)); });
@@ -237,6 +254,27 @@ NB_MODULE(_waveboost, m) {
       },
       nb::arg("device_id") = 0,
       "What each compiled backend can run (asked of its can_implement; CUDA backends on device_id).");
+  m.def(
+      "kernel_table",
+      [] {
+        nb::list rows;
+        for (const waveboost::KernelInfo& k : waveboost::kernel_table()) {
+          nb::dict r;
+          r["name"] = k.name;
+          r["backend"] = waveboost::backend_name(k.backend);
+          r["pass"] = k.backward ? "backward" : "forward";
+          r["variant"] = k.variant;
+          r["dtype"] = waveboost::dtype_name(k.dtype);
+          r["head_dim"] = k.head_dim;
+          r["min_compute_capability"] = k.min_compute_capability;
+          r["max_compute_capability"] = k.max_compute_capability > 0 ? nb::cast(k.max_compute_capability) : nb::none();
+          r["vector_elements"] = k.vector_elements;
+          r["smem_bytes"] = k.smem_bytes >= 0 ? nb::cast(k.smem_bytes) : nb::none();
+          rows.append(r);
+        }
+        return rows;
+      },
+      "The compiled CUDA kernels: one record per row of the kernel registry (empty without CUDA).");
   m.def("probed_head_dims", [] {
     return std::vector<int64_t>(std::begin(waveboost::kProbedHeadDims), std::end(waveboost::kProbedHeadDims));
   });

@@ -426,12 +426,6 @@ Status launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStr
   return launch_decode_kernel<Element, kHeadDim, 64>(p, split, stream);
 }
 
-// Defined in src/cuda/decode_hdim{64,128}_{fp16,bf16}.cu.
-Status launch_decode_hdim64_fp16(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream);
-Status launch_decode_hdim128_fp16(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream);
-Status launch_decode_hdim64_bf16(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream);
-Status launch_decode_hdim128_bf16(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream);
-
 // Query rows of one block for these params (see launch_decode), and shared memory per block.
 inline int64_t decode_block_m(const AttentionParams& p) { return p.seqlen_q * (p.heads / p.heads_kv) <= 16 ? 16 : 64; }
 inline int decode_smem_bytes(const AttentionParams& p) {

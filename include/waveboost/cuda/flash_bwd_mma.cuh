@@ -501,11 +501,6 @@ inline size_t flash_bwd_mma_workspace_bytes(const AttentionBackwardParams& p, in
 template <typename Element, int kHeadDim>
 Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream);
 
-extern template Status launch_flash_bwd_mma<__half, 64>(const AttentionBackwardParams&, void*, cudaStream_t);
-extern template Status launch_flash_bwd_mma<__half, 128>(const AttentionBackwardParams&, void*, cudaStream_t);
-extern template Status launch_flash_bwd_mma<__nv_bfloat16, 64>(const AttentionBackwardParams&, void*, cudaStream_t);
-extern template Status launch_flash_bwd_mma<__nv_bfloat16, 128>(const AttentionBackwardParams&, void*, cudaStream_t);
-
 template <typename Element, int kHeadDim, int kWarps, bool kCausal, bool kDeterministic>
 Status launch_flash_bwd_mma_main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, cudaStream_t stream) {
   using Traits = FlashBwdMmaTraits<Element, kHeadDim, kWarps>;

@@ -414,9 +414,4 @@ Status launch_flash_mma(const AttentionParams& p, cudaStream_t stream) {
                      : launch_flash_mma_kernel<Element, kHeadDim, false, false>(p, stream);
 }
 
-extern template Status launch_flash_mma<__half, 64>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_mma<__half, 128>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_mma<__nv_bfloat16, 64>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_mma<__nv_bfloat16, 128>(const AttentionParams&, cudaStream_t);
-
 }  // namespace waveboost::cuda

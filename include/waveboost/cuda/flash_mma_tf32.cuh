@@ -471,7 +471,4 @@ Status launch_flash_mma_tf32(const AttentionParams& p, cudaStream_t stream) {
                      : launch_flash_mma_tf32_kernel<kHeadDim, false>(p, stream);
 }
 
-extern template Status launch_flash_mma_tf32<64>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_mma_tf32<128>(const AttentionParams&, cudaStream_t);
-
 }  // namespace waveboost::cuda

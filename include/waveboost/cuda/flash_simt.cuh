@@ -514,11 +514,4 @@ Status launch_flash_simt(const AttentionParams& p, cudaStream_t stream) {
   return cuda_status(cudaGetLastError(), "flash_simt_kernel launch");
 }
 
-extern template Status launch_flash_simt<float, 64>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_simt<float, 128>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_simt<__half, 64>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_simt<__half, 128>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_simt<__nv_bfloat16, 64>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_simt<__nv_bfloat16, 128>(const AttentionParams&, cudaStream_t);
-
 }  // namespace waveboost::cuda

@@ -511,9 +511,4 @@ Status launch_flash_wgmma(const AttentionParams& p, const SplitKV& split, cudaSt
                      : launch_flash_wgmma_kernel<Element, kHeadDim, false>(p, split, stream);
 }
 
-extern template Status launch_flash_wgmma<__half, 64>(const AttentionParams&, const SplitKV&, cudaStream_t);
-extern template Status launch_flash_wgmma<__half, 128>(const AttentionParams&, const SplitKV&, cudaStream_t);
-extern template Status launch_flash_wgmma<__nv_bfloat16, 64>(const AttentionParams&, const SplitKV&, cudaStream_t);
-extern template Status launch_flash_wgmma<__nv_bfloat16, 128>(const AttentionParams&, const SplitKV&, cudaStream_t);
-
 }  // namespace waveboost::cuda

@@ -222,10 +222,40 @@ __global__ void __launch_bounds__(FlashWgmmaWsDefaultTraits<Element, kHeadDim>::
   flash_wgmma_ws::attend_block<FlashWgmmaWsDefaultTraits<Element, kHeadDim>, CausalMask<kCausal>>(p, &k_map, &v_map);
 }
 
+/// \brief The 4-D tensor map (head_dim, keys, kv heads, batch) of K or V (p.dtype), boxes of 64
+/// columns x box_rows rows in the 128 B swizzle; false where TMA cannot describe the tensor
+/// (strides not positive 16 B multiples, a base not 16 B aligned). Defined in
+/// src/cuda/sm90/flash_wgmma_ws.cu.
+bool encode_kv_tensor_map(CUtensorMap* map, const void* base, const AttentionParams& p, int64_t row_stride,
+                          int64_t head_stride, int64_t batch_stride, int box_rows);
+
+/// \brief Whether the warp-specialized kernel takes a call's layout: a dense batch with keys.
+inline bool wgmma_ws_takes_layout(const AttentionParams& p) {
+  return p.seqlen_k > 0 && p.seqlen_k < (int64_t{1} << 31) && p.is_dense();
+}
+
 /// \brief Builds the tensor maps of K and V and launches the warp-specialized kernel on
-/// `stream`. NotSupported (nothing launched) where TMA cannot describe K or V: the caller
-/// then runs the wgmma kernel.
+/// `stream`. NotSupported (nothing launched) where TMA cannot describe K or V or the call is not
+/// a dense batch with keys: the caller then runs the wgmma kernel.
 template <typename Element, int kHeadDim>
-Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream);
+Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
+  using Traits = FlashWgmmaWsDefaultTraits<Element, kHeadDim>;
+  if (!wgmma_ws_takes_layout(p)) {
+    return Status::NotSupported("the warp-specialized wgmma kernel runs dense batches with keys");
+  }
+  CUtensorMap k_map, v_map;
+  if (!encode_kv_tensor_map(&k_map, p.k, p, p.k_row_stride, p.k_head_stride, p.k_batch_stride, Traits::kBlockN) ||
+      !encode_kv_tensor_map(&v_map, p.v, p, p.v_row_stride, p.v_head_stride, p.v_batch_stride, Traits::kBlockN)) {
+    return Status::NotSupported("TMA cannot describe k or v (strides must be positive multiples of 16 bytes)");
+  }
+  if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
+  const FoldedGrid g = folded_grid(p, Traits::kBlockM);
+  const auto kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, true>
+                                  : flash_wgmma_ws_kernel<Element, kHeadDim, false>;
+  WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
+  kernel<<<grid, Traits::kBlockThreads, Traits::kSmemBytes, stream>>>(p, k_map, v_map);
+  return cuda_status(cudaGetLastError(), "flash_wgmma_ws_kernel launch");
+}
 
 }  // namespace waveboost::cuda

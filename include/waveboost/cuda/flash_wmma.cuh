@@ -599,9 +599,4 @@ Status launch_flash_wmma(const AttentionParams& p, cudaStream_t stream) {
   }
 }
 
-extern template Status launch_flash_wmma<__half, 64>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_wmma<__half, 128>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_wmma<__nv_bfloat16, 64>(const AttentionParams&, cudaStream_t);
-extern template Status launch_flash_wmma<__nv_bfloat16, 128>(const AttentionParams&, cudaStream_t);
-
 }  // namespace waveboost::cuda

@@ -1,6 +1,0 @@
-// Explicit instantiation of the SIMT flash forward for head_dim 128, fp32.
-#include "waveboost/cuda/flash_simt.cuh"
-
-namespace waveboost::cuda {
-template Status launch_flash_simt<float, 128>(const AttentionParams&, cudaStream_t);
-}  // namespace waveboost::cuda

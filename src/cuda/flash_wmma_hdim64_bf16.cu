@@ -1,8 +1,0 @@
-// Explicit instantiation: WMMA flash forward, head_dim 64, bf16.
-#include "waveboost/cuda/flash_wmma.cuh"
-
-namespace waveboost::cuda {
-
-template Status launch_flash_wmma<__nv_bfloat16, 64>(const AttentionParams&, cudaStream_t);
-
-}  // namespace waveboost::cuda

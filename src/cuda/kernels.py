@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""The kernel table of the CUDA paths, and the generator of their instantiation files.
+
+Every compiled (backend, pass, variant, dtype, head dim) kernel is one row below. From the table
+this script writes
+
+  src/cuda/generated/<name>.cu        one translation unit per kernel, built for every architecture
+  src/cuda/sm90/generated/<name>.cu   the same for sm_90a-only kernels (wgmma)
+  src/cuda/generated/kernel_table.inc the entry points' declarations and the registry's rows,
+                                      read by src/cuda/kernel_registry.cu
+
+The generated files are committed; after editing the table run
+
+    python3 src/cuda/kernels.py            # rewrite the generated files
+    python3 src/cuda/kernels.py --check    # exit 1 if they differ from the table (CI runs this)
+
+A new head dim is one more value in a family's head_dims; a new kernel family is one entry in
+FAMILIES (its header, how to call its launcher, its shared memory and its requirements).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+from dataclasses import dataclass, field
+
+ROOT = pathlib.Path(__file__).resolve().parent
+GENERATED = ROOT / "generated"
+SM90_GENERATED = ROOT / "sm90" / "generated"
+REPO = ROOT.parent.parent
+
+
+def _shown(path: pathlib.Path) -> str:
+    return os.path.relpath(path, REPO)
+
+# dtype key (as in kernel names) -> (C++ element type, DType enumerator, dtype name)
+DTYPES = {
+    "fp16": ("__half", "DType::kFloat16", "float16"),
+    "bf16": ("__nv_bfloat16", "DType::kBFloat16", "bfloat16"),
+    "fp32": ("float", "DType::kFloat32", "float32"),
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernel template and what every instantiation of it needs.
+
+    launch: the call of the launcher, with {T} (element type) and {D} (head dim); forward
+      launchers see `p` (AttentionParams) and `l` (ForwardLaunch: stream, split pieces);
+      backward launchers see `p` (AttentionBackwardParams), `workspace` and `stream`.
+    smem: the dynamic shared memory of one block, a constant expression; None where it
+      depends on the call (the backend's can_implement checks it).
+    min_cc / max_cc: compute capability range (max 0: no upper bound); per-dtype overrides
+      in min_cc_by_dtype.
+    vector_elements: q/k/v/out (and the gradients) move in 16 B pieces of this many elements
+      (per dtype); 0: no alignment needed.
+    """
+
+    backend: str
+    passes: str  # "forward" or "backward"
+    header: str
+    launch: str
+    dtypes: tuple[str, ...]
+    head_dims: tuple[int, ...]
+    smem: str | None
+    min_cc: int
+    max_cc: int = 0
+    min_cc_by_dtype: dict = field(default_factory=dict)
+    vector_elements: dict = field(default_factory=dict)
+    variant: str = ""
+    sm90a: bool = False
+    note: str = ""
+
+
+FAMILIES = {
+    "simt": Family(
+        backend="simt", passes="forward", header="waveboost/cuda/flash_simt.cuh",
+        launch="launch_flash_simt<{T}, {D}>(p, l.stream)", dtypes=("fp16", "bf16", "fp32"), head_dims=(64, 128),
+        smem="FlashSimtTraits<{T}, {D}>::kSmemBytes", min_cc=0, min_cc_by_dtype={"bf16": 80},
+        note="CUDA cores only: the readable reference of the tiled algorithm"),
+    "wmma": Family(
+        backend="wmma", passes="forward", header="waveboost/cuda/flash_wmma.cuh",
+        launch="launch_flash_wmma<{T}, {D}>(p, l.stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),
+        smem="flash_wmma_min_smem_bytes({D})", min_cc=70, min_cc_by_dtype={"bf16": 80},
+        note="tensor cores through the wmma API; key tile chosen by the device's shared memory"),
+    "mma": Family(
+        backend="mma", passes="forward", header="waveboost/cuda/flash_mma.cuh",
+        launch="launch_flash_mma<{T}, {D}>(p, l.stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),
+        smem="FlashMmaTraits<{T}, {D}>::kSmemBytes", min_cc=80, vector_elements={"fp16": 8, "bf16": 8},
+        note="mma.sync and cp.async; dense, varlen, seqused and paged"),
+    "mma_tf32": Family(
+        backend="mma", passes="forward", header="waveboost/cuda/flash_mma_tf32.cuh",
+        launch="launch_flash_mma_tf32<{D}>(p, l.stream)", dtypes=("fp32",), head_dims=(64, 128),
+        smem="FlashMmaTf32Traits<{D}>::kSmemBytes", min_cc=80, vector_elements={"fp32": 4},
+        note="float32 on tf32 tensor cores, three products per product (3xTF32)"),
+    "wgmma": Family(
+        backend="wgmma", passes="forward", header="waveboost/cuda/flash_wgmma.cuh",
+        launch="launch_flash_wgmma<{T}, {D}>(p, *l.split, l.stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),
+        smem="FlashWgmmaTraits<{T}, {D}>::kSmemBytes", min_cc=90, max_cc=90,
+        vector_elements={"fp16": 8, "bf16": 8}, sm90a=True,
+        note="wgmma, every thread copying K/V by cp.async; split-KV and sequence layouts"),
+    "wgmma_tma": Family(
+        backend="wgmma", passes="forward", header="waveboost/cuda/flash_wgmma_ws.cuh",
+        launch="launch_flash_wgmma_ws<{T}, {D}>(p, l.stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),
+        smem="FlashWgmmaWsDefaultTraits<{T}, {D}>::kSmemBytes", min_cc=90, max_cc=90,
+        vector_elements={"fp16": 8, "bf16": 8}, variant="tma", sm90a=True,
+        note="wgmma with a TMA producer warpgroup and an mbarrier ring; dense unsplit calls"),
+    "decode": Family(
+        backend="decode", passes="forward", header="waveboost/cuda/decode.cuh",
+        launch="launch_decode<{T}, {D}>(p, *l.decode, l.stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),
+        smem=None, min_cc=80, vector_elements={"fp16": 8, "bf16": 8},
+        note="split-KV over a kv head's packed query rows; its tile height depends on the call"),
+    "bwd_mma": Family(
+        backend="mma", passes="backward", header="waveboost/cuda/flash_bwd_mma.cuh",
+        launch="launch_flash_bwd_mma<{T}, {D}>(p, workspace, stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),
+        smem="flash_bwd_mma_smem_bytes({D})", min_cc=80, vector_elements={"fp16": 8, "bf16": 8},
+        note="FlashAttention-2's backward on mma.sync; deterministic dQ order on request"),
+}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    family: str
+    dtype: str
+    head_dim: int
+
+    @property
+    def f(self) -> Family:
+        return FAMILIES[self.family]
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}_hdim{self.head_dim}_{self.dtype}"
+
+    def fmt(self, text: str) -> str:
+        return text.format(T=DTYPES[self.dtype][0], D=self.head_dim)
+
+
+def kernels() -> list[Kernel]:
+    return [Kernel(name, dtype, d) for name, fam in FAMILIES.items() for dtype in fam.dtypes for d in fam.head_dims]
+
+
+HEADER = "// Generated by src/cuda/kernels.py from its kernel table; edit the table, not this file.\n"
+
+
+def translation_unit(k: Kernel) -> str:
+    f = k.f
+    if f.passes == "forward":
+        entry = f"Status {k.name}(const AttentionParams& p, const ForwardLaunch& l) {{ return {k.fmt(f.launch)}; }}"
+    else:
+        entry = (f"Status {k.name}(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {{\n"
+                 f"  return {k.fmt(f.launch)};\n}}")
+    smem = f"\nint {k.name}_smem_bytes() {{ return {k.fmt(f.smem)}; }}\n" if f.smem else ""
+    return (f"{HEADER}// {f.backend} {f.passes}{' (' + f.variant + ')' if f.variant else ''}, "
+            f"{DTYPES[k.dtype][2]}, head_dim {k.head_dim}: {f.note}.\n"
+            f"#include \"{f.header}\"\n#include \"cuda/kernel_registry.h\"\n\n"
+            f"namespace waveboost::cuda::kernels {{\n\n{entry}\n{smem}\n}}  // namespace waveboost::cuda::kernels\n")
+
+
+def table_inc() -> str:
+    decls, rows_all, rows_sm90 = [], [], []
+    for k in kernels():
+        f = k.f
+        if f.passes == "forward":
+            decls.append((f.sm90a, f"Status {k.name}(const AttentionParams&, const ForwardLaunch&);"))
+        else:
+            decls.append((f.sm90a, f"Status {k.name}(const AttentionBackwardParams&, void*, cudaStream_t);"))
+        if f.smem:
+            decls.append((f.sm90a, f"int {k.name}_smem_bytes();"))
+        min_cc = f.min_cc_by_dtype.get(k.dtype, f.min_cc)
+        fwd = f"&kernels::{k.name}" if f.passes == "forward" else "nullptr"
+        bwd = f"&kernels::{k.name}" if f.passes == "backward" else "nullptr"
+        smem = f"&kernels::{k.name}_smem_bytes" if f.smem else "nullptr"
+        row = (f"    {{\"{k.name}\", Backend::k{f.backend.capitalize()}, "
+               f"{'true' if f.passes == 'backward' else 'false'}, \"{f.variant}\", {DTYPES[k.dtype][1]}, "
+               f"{k.head_dim}, {min_cc}, {f.max_cc}, {f.vector_elements.get(k.dtype, 0)}, {fwd}, {bwd}, {smem}}},")
+        (rows_sm90 if f.sm90a else rows_all).append(row)
+    out = [HEADER, "// Included once, by src/cuda/kernel_registry.cu, inside namespace waveboost::cuda.\n",
+           "namespace kernels {\n"]
+    out += [d for sm90, d in decls if not sm90]
+    out += ["#ifdef WAVEBOOST_WITH_SM90A"] + [d for sm90, d in decls if sm90] + ["#endif", "}  // namespace kernels\n"]
+    out += ["// name, backend, backward, variant, dtype, head_dim, min_cc, max_cc, vector_elements,",
+            "// forward entry, backward entry, shared memory per block",
+            "const KernelRecord kKernelTable[] = {"]
+    out += rows_all
+    out += ["#ifdef WAVEBOOST_WITH_SM90A"] + rows_sm90 + ["#endif", "};\n"]
+    return "\n".join(out)
+
+
+def expected_files() -> dict[pathlib.Path, str]:
+    files = {GENERATED / "kernel_table.inc": table_inc()}
+    for k in kernels():
+        files[(SM90_GENERATED if k.f.sm90a else GENERATED) / f"{k.name}.cu"] = translation_unit(k)
+    return files
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare the generated files with the table; write nothing")
+    args = ap.parse_args(argv)
+    files = expected_files()
+    present = {p for d in (GENERATED, SM90_GENERATED) if d.is_dir() for p in d.iterdir()}
+    stale = sorted(present - set(files))
+    if args.check:
+        bad = [p for p, text in files.items() if not p.is_file() or p.read_text() != text] + stale
+        for p in bad:
+            print(f"out of date: {_shown(p)}", file=sys.stderr)
+        if bad:
+            print("run: python3 src/cuda/kernels.py", file=sys.stderr)
+        return 1 if bad else 0
+    for p in stale:
+        p.unlink()
+    for p, text in files.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if not p.is_file() or p.read_text() != text:
+            p.write_text(text)
+    print(f"{len(files)} files in {_shown(GENERATED)} and {_shown(SM90_GENERATED)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
