@@ -291,7 +291,7 @@ Backend select_backend(const AttentionParams& p) {
     return Backend::kDecode;
   // Sequence layouts with longer queries (prefill, chunked prefill on a paged cache) run on the
   // tensor-core flash paths: wgmma at head dim 128 and on paged caches, mma for packed K/V at head
-  // dim 64 (where its sequence kernel led wgmma's by 4-7% on an H100,
+  // dim 64 (where its sequence kernel led wgmma's on an H100,
   // benchmarks/results/nvidia-h100-80gb-hbm3-20261123/varlen/). What they refuse goes to decode
   // (whose can_implement then says why, if it cannot either).
   if (!p.is_dense()) {
@@ -306,8 +306,8 @@ Backend select_backend(const AttentionParams& p) {
   // refuses goes to wmma (fp16/bf16) or simt (any dtype); the naive path covers every
   // other head dim.
   const bool specialized = p.head_dim == 64 || p.head_dim == 128;
-  // Hopper: wgmma leads at head dim 128, and at head dim 64 from seqlen 1024 (its TMA pipeline:
-  // 0.40-0.41 ms against mma's 0.45 at L = 1k, FA2 grid, results/*-20261123/wgmma-tma/), but
+  // Hopper: wgmma leads at head dim 128, and at head dim 64 from seqlen 1024 (its TMA pipeline,
+  // results/*-20261123/wgmma-tma/ and peers-same-run/), but
   // trails mma below, where its 128-key tiles and one block per SM leave less to overlap. That
   // overlap needs a second block per SM: on a grid of at most one block per SM wgmma leads at any
   // seqlen, and where that grid leaves most SMs idle it splits the keys (split-KV) to fill
@@ -418,8 +418,8 @@ Status validate(const AttentionBackwardParams& p) {
 
 Backend select_backend(const AttentionBackwardParams& p) {
   if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
-  // Hopper: the wgmma backward runs 1.01-1.17x mma's speed except at head dim 64 under a causal
-  // mask, where it is 0.93-1.04x (benchmarks/results/*-20261123/backward-wgmma/).
+  // Hopper: the wgmma backward is faster than mma's except at head dim 64 under a causal mask
+  // (benchmarks/results/*-20261123/backward-wgmma/ and peers-same-run/).
   const bool wgmma_wins = !(p.head_dim == 64 && p.is_causal);
   if (wgmma_wins && can_implement(p, Backend::kWgmma).ok()) return Backend::kWgmma;
   if (can_implement(p, Backend::kMma).ok()) return Backend::kMma;

@@ -4,7 +4,7 @@
 // streamed vectors and one broadcast. The tile steps are compiled as functions
 // of their own (TileSteps below): inlined into attention_query_block, GCC kept
 // one accumulator of the P V micro-tile on the stack, a store-to-load chain
-// through every iteration (0.65x the speed of the spill-free loop). Measured on
+// through every iteration (slower than the spill-free loop). Measured on
 // a 2-core Zen 3 (benchmarks/NOTES.md): packing K per tile into 6-key groups,
 // copying Q^T columns contiguous, kBlockM 128/256 and kBlockN 64/96/256 gained
 // nothing above the run-to-run noise, so none of them is here.

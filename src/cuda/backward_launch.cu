@@ -58,7 +58,6 @@ Status naive_can_implement_backward(const AttentionBackwardParams& p) {
 }
 
 Status naive_backward(const AttentionBackwardParams& p, void* stream) {
-  if (p.batch == 0 || p.heads == 0) return Status::Ok();
   DeviceGuard guard(p.device_id);
   if (!guard.status().ok()) return guard.status();
   const auto s = static_cast<cudaStream_t>(stream);
@@ -134,7 +133,6 @@ Status mma_can_implement_backward(const AttentionBackwardParams& p) {
 // backward's layout (flash_bwd_mma_workspace_bytes), freed on the stream afterwards.
 template <typename Launch>
 Status run_flash_backward(const AttentionBackwardParams& p, void* stream, const char* what, Launch launch) {
-  if (p.batch == 0 || p.heads == 0) return Status::Ok();
   DeviceGuard guard(p.device_id);
   if (!guard.status().ok()) return guard.status();
   const auto s = static_cast<cudaStream_t>(stream);

@@ -446,9 +446,9 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 }  // namespace flash_bwd
 
 // Warps per block of the main kernel (kWarps x 16 keys per block). On an H100 (bf16, FA2 grid,
-// benchmarks/backward_bench.py) 8 warps ran head dim 128 1.18-1.31x faster than 4 (half the dQ
-// reductions and Q/dO loads per key); at head dim 64 the two were within 10% of each other,
-// with 4 (two blocks per SM) ahead on causal.
+// benchmarks/backward_bench.py; benchmarks/NOTES.md) 8 warps ran head dim 128 faster than 4
+// (half the dQ reductions and Q/dO loads per key); at head dim 64 the two were close, with 4
+// (two blocks per SM) ahead on causal.
 template <int kHeadDim>
 inline constexpr int kFlashBwdMmaWarps = kHeadDim == 128 ? 8 : 4;
 
