@@ -1,7 +1,10 @@
 // Backend "decode": can_implement, the number of split-KV pieces, the workspace, and the
-// dtype x head_dim dispatch of the decode kernel (include/waveboost/cuda/decode.cuh), followed
-// by the combine (include/waveboost/cuda/core/combine.cuh) when the keys were split.
+// dtype x head_dim dispatch of the decode kernel (include/waveboost/cuda/decode.cuh), which
+// merges split pieces itself (or, with WAVEBOOST_DECODE_COMBINE=kernel, is followed by the
+// combine of include/waveboost/cuda/core/combine.cuh).
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda_paths.h"
@@ -15,8 +18,28 @@ namespace {
 // Blocks of the decode kernel one SM holds at once: its shared memory (100-112 KB) allows two
 // on sm_90 (228 KB per SM).
 constexpr int kDecodeBlocksPerSM = 2;
-// Pieces per (sequence, kv head) at most: bounds the combine's reads per output row.
-constexpr int kMaxDecodeSplits = 128;
+// Where split pieces are merged. By default inside the decode kernel, by the last piece of each
+// row tile to finish: one kernel per step instead of two (benchmarks/NOTES.md, "Decode").
+// WAVEBOOST_DECODE_COMBINE=kernel runs core::combine after the decode kernel instead, to compare
+// the two. Read once per process.
+bool merge_in_kernel() {
+  static const bool in_kernel = [] {
+    const char* v = std::getenv("WAVEBOOST_DECODE_COMBINE");
+    return v == nullptr || std::strcmp(v, "kernel") != 0;
+  }();
+  return in_kernel;
+}
+
+// WAVEBOOST_DECODE_MAX_SPLITS=N (1..kDecodeMaxSplits) caps the pieces per (sequence, kv head) below
+// the choice of decode_splits, to measure that choice. Read once per process.
+int max_splits() {
+  static const int cap = [] {
+    const char* v = std::getenv("WAVEBOOST_DECODE_MAX_SPLITS");
+    const int n = v != nullptr ? std::atoi(v) : 0;
+    return n >= 1 && n <= kDecodeMaxSplits ? n : kDecodeMaxSplits;
+  }();
+  return cap;
+}
 
 // 16 B accesses: base pointers aligned, every applied stride a multiple of 8 elements. Packed
 // (varlen) q/out and k/v apply no batch stride; a paged cache applies its page stride always.
@@ -42,7 +65,7 @@ int64_t decode_row_tiles(const AttentionParams& p) {
 // fill one wave of kDecodeBlocksPerSM per SM, each piece at least one key tile of the longest
 // sequence. On an H100 one block per SM (two K/V stages in flight, 64 KB) streams a cache at
 // 85% of peak bandwidth, two at 90% (benchmarks/decode_bench.py, B = 16 vs 64 at 8 kv heads).
-// A grid of a full wave or more is left whole: the combine would only add traffic and a launch.
+// A grid of a full wave or more is left whole: merging pieces would only add traffic.
 int decode_splits(const AttentionParams& p, int multiprocessors) {
   const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
   const int64_t slots = int64_t{kDecodeBlocksPerSM} * multiprocessors;
@@ -50,7 +73,7 @@ int decode_splits(const AttentionParams& p, int multiprocessors) {
   const int64_t key_tiles = (p.seqlen_k + decode_block_n(p.head_dim) - 1) / decode_block_n(p.head_dim);
   int64_t splits = slots / blocks;
   splits = splits < key_tiles ? splits : key_tiles;
-  splits = splits < kMaxDecodeSplits ? splits : kMaxDecodeSplits;
+  splits = splits < max_splits() ? splits : max_splits();
   return splits > 1 ? static_cast<int>(splits) : 1;
 }
 
@@ -74,6 +97,35 @@ Status launch(const AttentionParams& p, const DecodeSplit& split, cudaStream_t s
   }
   return Status::NotSupported(std::string("backend 'decode' supports float16 and bfloat16 with head_dim 64 and 128; "
                                           "got ") + dtype_name(p.dtype) + " with head_dim " + std::to_string(p.head_dim));
+}
+
+// core::combine over the pieces of `split` into p.out and p.lse.
+Status combine_pieces(const AttentionParams& p, const DecodeSplit& split, cudaStream_t s) {
+  core::CombineParams c;
+  c.parts = split.o_accum;
+  c.part_head_stride = p.head_dim;
+  c.part_row_stride = p.heads * p.head_dim;
+  c.part_batch_stride = p.seqlen_q * c.part_row_stride;
+  c.part_stride = p.batch * c.part_batch_stride;
+  c.part_lse = split.lse_accum;
+  c.lse_row_stride = 1;
+  c.lse_head_stride = p.seqlen_q;
+  c.lse_batch_stride = p.heads * p.seqlen_q;
+  c.lse_part_stride = p.batch * c.lse_batch_stride;
+  c.out = p.out;
+  c.o_batch_stride = p.o_batch_stride;
+  c.o_row_stride = p.o_row_stride;
+  c.o_head_stride = p.o_head_stride;
+  c.lse = p.lse;
+  c.lse_out_batch_stride = p.lse_batch_stride;
+  c.lse_out_head_stride = p.lse_head_stride;
+  c.cu_seqlens = p.cu_seqlens_q;
+  c.num_parts = split.num_splits;
+  c.batch = p.batch;
+  c.seqlen = p.seqlen_q;
+  c.heads = p.heads;
+  c.head_dim = p.head_dim;
+  return core::launch_combine(c, DType::kFloat32, p.dtype, s);
 }
 
 }  // namespace
@@ -122,9 +174,12 @@ Status decode_forward(const AttentionParams& p, void* stream) {
   if (split.num_splits == 1) return launch(p, split, s);
 
   // Pieces: O (fp32) [split][b][i][h][d] and LSE [split][b][h][i]. splits x blocks <= 2 x SMs,
-  // so at most 2 x SMs x 64 rows (8.7 MB at head dim 128 on an H100), kept by the pool.
+  // so at most 2 x SMs x 64 rows (8.7 MB at head dim 128 on an H100), kept by the pool. Then,
+  // for the merge in the kernel, an arrival counter per row tile of each (sequence, kv head).
+  const bool in_kernel = merge_in_kernel();
   const size_t floats = static_cast<size_t>(split.num_splits) * p.batch * p.seqlen_q * p.heads;
-  const size_t bytes = floats * (p.head_dim + 1) * sizeof(float);
+  const size_t counters = in_kernel ? static_cast<size_t>(p.batch * p.heads_kv * decode_row_tiles(p)) : 0;
+  const size_t bytes = floats * (p.head_dim + 1) * sizeof(float) + counters * sizeof(int);
   cudaMemPool_t pool = nullptr;
   if (Status st = workspace_pool(p.device_id, &pool); !st.ok()) return st;
   void* workspace = nullptr;
@@ -135,34 +190,18 @@ Status decode_forward(const AttentionParams& p, void* stream) {
   }
   split.o_accum = static_cast<float*>(workspace);
   split.lse_accum = split.o_accum + floats * p.head_dim;
-  Status status = launch(p, split, s);
-  if (status.ok()) {
-    core::CombineParams c;
-    c.parts = split.o_accum;
-    c.part_head_stride = p.head_dim;
-    c.part_row_stride = p.heads * p.head_dim;
-    c.part_batch_stride = p.seqlen_q * c.part_row_stride;
-    c.part_stride = p.batch * c.part_batch_stride;
-    c.part_lse = split.lse_accum;
-    c.lse_row_stride = 1;
-    c.lse_head_stride = p.seqlen_q;
-    c.lse_batch_stride = p.heads * p.seqlen_q;
-    c.lse_part_stride = p.batch * c.lse_batch_stride;
-    c.out = p.out;
-    c.o_batch_stride = p.o_batch_stride;
-    c.o_row_stride = p.o_row_stride;
-    c.o_head_stride = p.o_head_stride;
-    c.lse = p.lse;
-    c.lse_out_batch_stride = p.lse_batch_stride;
-    c.lse_out_head_stride = p.lse_head_stride;
-    c.cu_seqlens = p.cu_seqlens_q;
-    c.num_parts = split.num_splits;
-    c.batch = p.batch;
-    c.seqlen = p.seqlen_q;
-    c.heads = p.heads;
-    c.head_dim = p.head_dim;
-    status = core::launch_combine(c, DType::kFloat32, p.dtype, s);
+  Status status = Status::Ok();
+  if (in_kernel) {
+    // The counters start at 0: cleared in this stream, right before the kernel. They live in this
+    // call's workspace, which no other launch touches between its stream-ordered allocation and
+    // free (a concurrent call on another stream, or another graph, gets other memory), so calls on
+    // any streams and replays of captured graphs never share counters.
+    split.arrivals = reinterpret_cast<int*>(split.lse_accum + floats);
+    status = cuda_status(cudaMemsetAsync(split.arrivals, 0, counters * sizeof(int), s),
+                         "cudaMemsetAsync of the decode arrival counters");
   }
+  if (status.ok()) status = launch(p, split, s);
+  if (status.ok() && !in_kernel) status = combine_pieces(p, split, s);
   const Status freed = cuda_status(cudaFreeAsync(workspace, s), "cudaFreeAsync of the decode split-KV workspace");
   return status.ok() ? freed : status;
 }

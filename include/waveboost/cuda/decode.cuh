@@ -12,9 +12,11 @@
 // instead of the rows, and merge their states at the end.
 //
 // Keys are cut into num_splits pieces (flash-decoding) when batch x kv heads leaves SMs idle:
-// each piece writes O / l (fp32) and its LSE to a workspace and core::combine merges them. The
-// pieces are cut from each sequence's own length, read on the device (seqused_k, cu_seqlens),
-// so nothing is read on the host and the launch shape depends only on the shapes.
+// each piece writes O / l (fp32) and its LSE to a workspace, and the pieces are merged through
+// their LSEs, either inside this kernel (the last piece of a row tile to finish merges them, see
+// merge_pieces) or by core::combine afterwards. The pieces are cut from each sequence's own
+// length, read on the device (seqused_k, cu_seqlens), so nothing is read on the host and the
+// launch shape depends only on the shapes.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +27,10 @@
 #include "waveboost/cuda/mma_primitives.cuh"
 
 namespace waveboost::cuda {
+
+/// Split-KV pieces per (sequence, kv head) at most: bounds the merge's reads per output row and
+/// its shared memory (a weight per piece and row).
+constexpr int kDecodeMaxSplits = 128;
 
 /// \brief Compile-time choices of the decode kernel.
 /// \tparam Element_  __half or __nv_bfloat16.
@@ -63,14 +69,23 @@ struct DecodeTraits {
   static_assert(kChunksPerRow >= 8 && kRowsPerCopyPass % 8 == 0, "swizzle period");
   static_assert(kBlockN % kRowsPerCopyPass == 0 && kBlockM % kRowsPerCopyPass == 0, "whole copy passes");
   static_assert(kEpilogueBytes <= kStages * 2 * kTileBytes, "the epilogue reuses the K/V stages");
+  // The in-kernel merge: a weight per (piece, row) and an LSE per row, over all of shared memory.
+  static constexpr int kMergeBytes = (kDecodeMaxSplits + 1) * kBlockM * 4;
+  static_assert(kMergeBytes <= kSmemBytes, "the merge reuses the whole of shared memory");
 };
 
 /// \brief Split-KV pieces of the decode kernel: with num_splits > 1, piece s of each block's keys
 /// goes to o_accum [s][b][i][h][d] (fp32, normalized) and lse_accum [s][b][h][i], with i < seqlen_q.
+/// With `arrivals` the kernel merges the pieces itself: arrivals holds one int32 counter per row
+/// tile of each (sequence, kv head), [b][h_kv][row tile], all 0 at launch (the launcher clears
+/// them in the kernel's stream); the piece that brings a counter to the number of pieces merges
+/// them into out. Without it every piece is written, empty ones as O = 0, LSE = -inf, and the
+/// caller runs core::combine.
 struct DecodeSplit {
   int num_splits = 1;
   float* o_accum = nullptr;
   float* lse_accum = nullptr;
+  int* arrivals = nullptr;
 };
 
 namespace decode {
@@ -109,6 +124,103 @@ __device__ __forceinline__ void copy_row_chunk(uint32_t smem_addr, const void* g
                : "memory");
 }
 
+// The merge of one row tile's pieces by the block that finished last, as core::combine does it:
+// per row, with piece LSEs l_s and L = log sum_s exp(l_s), out = sum_s exp(l_s - L) O_s and lse = L;
+// a piece with l_s = -inf is not read, a row whose pieces are all -inf is zeros with LSE -inf, and
+// a NaN LSE makes the row NaN. The pieces were just written, so they are read from L2 (ld.cg:
+// never a line this SM's L1 may hold from an earlier kernel).
+template <typename Traits>
+__device__ __forceinline__ void merge_pieces(const AttentionParams& p, const DecodeSplit& split,
+                                          const core::SequenceInfo& seq, int64_t b, int64_t h_kv, int64_t row0,
+                                          int64_t rows, int pieces, unsigned char* smem_raw) {
+  using Element = typename Traits::Element;
+  constexpr int D = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM;
+  // Loads of pieces issued before any is used: the merge is a chain of L2 round trips otherwise.
+  constexpr int kPiecesInFlight = 16;
+  float* weight = reinterpret_cast<float*>(smem_raw);     // [piece][kBlockM]: the LSE, then exp(l_s - L)
+  float* row_lse = weight + kDecodeMaxSplits * kBlockM;  // [kBlockM]
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int64_t group = p.heads / p.heads_kv;
+  const int live_rows = static_cast<int>(rows - row0 < kBlockM ? rows - row0 : kBlockM);
+  const auto head_of = [&](int r) { return h_kv * group + (row0 + r) % group; };
+  const auto query_of = [&](int r) { return (row0 + r) / group; };
+
+  for (int idx = tid; idx < pieces * kBlockM; idx += Traits::kThreads) {
+    const int s = idx / kBlockM;
+    const int r = idx % kBlockM;
+    weight[idx] = r < live_rows
+                      ? __ldcg(split.lse_accum + ((s * p.batch + b) * p.heads + head_of(r)) * p.seqlen_q + query_of(r))
+                      : -INFINITY;
+  }
+  __syncthreads();
+
+  // A warp per row: L over the pieces (spread over the lanes), then each piece's weight.
+  for (int r = warp; r < live_rows; r += Traits::kWarps) {
+    float max_lse = -INFINITY;
+    bool nan = false;
+    for (int s = lane; s < pieces; s += 32) {
+      const float l = weight[s * kBlockM + r];
+      nan |= isnan(l);
+      max_lse = fmaxf(max_lse, l);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
+    nan = __any_sync(0xffffffffu, nan);
+    const bool empty = nan || max_lse == -INFINITY;
+    float total = 0.f;
+    if (!empty) {
+      for (int s = lane; s < pieces; s += 32) total += expf(weight[s * kBlockM + r] - max_lse);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+    const float inv_total = empty ? 0.f : 1.f / total;
+    for (int s = lane; s < pieces; s += 32) {
+      float& w = weight[s * kBlockM + r];
+      w = empty ? 0.f : expf(w - max_lse) * inv_total;
+    }
+    if (lane == 0) row_lse[r] = nan ? NAN : (max_lse == -INFINITY ? -INFINITY : max_lse + logf(total));
+  }
+  __syncthreads();
+
+  // Four columns of one row per thread and pass.
+  constexpr int kQuads = D / 4;
+  const int64_t piece_stride = p.batch * p.seqlen_q * p.heads * D;
+  for (int idx = tid; idx < live_rows * kQuads; idx += Traits::kThreads) {
+    const int r = idx / kQuads;
+    const int c = (idx % kQuads) * 4;
+    const int64_t i = query_of(r);
+    const int64_t h = head_of(r);
+    const float* part = split.o_accum + ((b * p.seqlen_q + i) * p.heads + h) * D + c;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (isnan(row_lse[r])) acc = make_float4(NAN, NAN, NAN, NAN);
+    for (int s0 = 0; s0 < pieces; s0 += kPiecesInFlight) {
+      float w[kPiecesInFlight];
+      float4 o[kPiecesInFlight];
+#pragma unroll
+      for (int u = 0; u < kPiecesInFlight; ++u) w[u] = s0 + u < pieces ? weight[(s0 + u) * kBlockM + r] : 0.f;
+#pragma unroll
+      for (int u = 0; u < kPiecesInFlight; ++u)
+        o[u] = w[u] != 0.f ? __ldcg(reinterpret_cast<const float4*>(part + (s0 + u) * piece_stride))
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < kPiecesInFlight; ++u) {
+        acc.x += w[u] * o[u].x;
+        acc.y += w[u] * o[u].y;
+        acc.z += w[u] * o[u].z;
+        acc.w += w[u] * o[u].w;
+      }
+    }
+    Element* dst = static_cast<Element*>(p.out) + seq.o_offset(p, b, i, h) + c;
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_pair<Element>(acc.x, acc.y), pack_pair<Element>(acc.z, acc.w));
+  }
+  if (p.lse != nullptr) {
+    for (int r = tid; r < live_rows; r += Traits::kThreads) p.lse[seq.lse_offset(p, b, query_of(r), head_of(r))] = row_lse[r];
+  }
+}
+
 template <typename Traits>
 __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSplit& split) {
   using Element = typename Traits::Element;
@@ -140,10 +252,17 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   // Keys the block's rows see: the last row sees the most under the causal mask.
   const int64_t key_end = seq.keys_visible(last_row / group, causal);
   const int64_t key_tiles = (key_end + kBlockN - 1) / kBlockN;
-  const int64_t tiles_per_split = (key_tiles + split.num_splits - 1) / split.num_splits;
-  const int64_t tile_begin = split_index * tiles_per_split;
-  const int64_t tile_end = tile_begin + tiles_per_split < key_tiles ? tile_begin + tiles_per_split : key_tiles;
-  const int n_tiles = tile_end > tile_begin ? static_cast<int>(tile_end - tile_begin) : 0;
+  // The key tiles are dealt evenly over min(num_splits, key_tiles) pieces (one, empty, when no
+  // key is seen): pieces differ by one tile at most, and splits past them hold nothing.
+  const int pieces = static_cast<int>(key_tiles < split.num_splits ? (key_tiles > 0 ? key_tiles : 1)
+                                                                   : split.num_splits);
+  const bool merge_here = split.arrivals != nullptr;
+  if (merge_here && split_index >= pieces) return;  // nothing to read, nothing to merge
+  const int64_t tile_begin = split_index < pieces ? split_index * key_tiles / pieces : key_tiles;
+  const int64_t tile_end = split_index < pieces ? (split_index + 1) * key_tiles / pieces : key_tiles;
+  const int n_tiles = static_cast<int>(tile_end - tile_begin);
+  // A block that holds every key of its rows writes out directly; otherwise a piece.
+  const bool write_out = split.num_splits == 1 || (merge_here && pieces == 1);
   // Keys from which some row of the block needs a mask (the first row sees the fewest).
   const int64_t mask_from = seq.keys_visible(row0 / group, causal);
 
@@ -364,7 +483,7 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
     }
     const int64_t i = row / group;
     const int64_t h = h_kv * group + row % group;
-    if (split.num_splits > 1) {
+    if (!write_out) {
       float* dst = split.o_accum + (((split_index * p.batch + b) * p.seqlen_q + i) * p.heads + h) * D + c;
       *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
       *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
@@ -381,12 +500,28 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
     const float row_lse = merge_warps<Traits>(m_smem, l_smem, r).lse();
     const int64_t i = row / group;
     const int64_t h = h_kv * group + row % group;
-    if (split.num_splits > 1) {
+    if (!write_out) {
       split.lse_accum[((split_index * p.batch + b) * p.heads + h) * p.seqlen_q + i] = row_lse;
     } else if (p.lse != nullptr) {
       p.lse[seq.lse_offset(p, b, i, h)] = row_lse;
     }
   }
+  if (write_out || !merge_here) return;
+
+  // ---- Arrival: the last piece of this row tile to finish merges them all ----
+  // Every thread's piece stores are made visible device-wide before thread 0 counts the piece
+  // (the fence-then-atomic of the CUDA programming guide's last-block reduction); the counting
+  // thread fences again after seeing the last count, so the merge's loads see every piece.
+  __threadfence();
+  __syncthreads();
+  bool last = false;
+  if (tid == 0) {
+    int* arrived = split.arrivals + (b * p.heads_kv + h_kv) * row_tiles + row_tile;
+    last = atomicAdd(arrived, 1) == pieces - 1;
+    if (last) __threadfence();
+  }
+  if (!__syncthreads_or(last)) return;
+  merge_pieces<Traits>(p, split, seq, b, h_kv, row0, rows, pieces, smem_raw);
 }
 
 }  // namespace decode
@@ -403,7 +538,8 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const __grid_c
 }
 
 /// \brief Launches the decode kernel on `stream` (params.device_id current). With
-/// split.num_splits > 1 the pieces go to split's workspace; the caller combines them.
+/// split.num_splits > 1 the pieces go to split's workspace, merged by the kernel with
+/// split.arrivals, else by the caller.
 template <typename Element, int kHeadDim, int kBlockM>
 Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
   using Traits = DecodeTraits<Element, kHeadDim, kBlockM>;
