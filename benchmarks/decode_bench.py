@@ -24,14 +24,15 @@ import sys
 from waveboost.bench import main
 
 # --merge-sweep: GPU time per decode step of waveboost's decode backend alone under each setting of
-# the split-KV merge (WAVEBOOST_DECODE_COMBINE, WAVEBOOST_DECODE_MAX_SPLITS), one process per setting
-# (the variables are read once per process). (batch, KV length, heads, kv heads): the one-sequence
+# the split-KV merge and split count (WAVEBOOST_DECODE_COMBINE, WAVEBOOST_DECODE_BLOCKS_PER_SM), one
+# process per setting (the variables are read once per process). (batch, KV length, heads, kv heads): the one-sequence
 # cells, the one-wave cell and MQA, all bf16, head dim 128, one query per sequence.
 SWEEP_SHAPES = ((1, 2048, 32, 8), (1, 8192, 32, 8), (1, 32768, 32, 8), (1, 2048, 64, 8), (16, 8192, 32, 8),
                 (32, 8192, 32, 1))
 SWEEP_SETTINGS = (("combine kernel", {"WAVEBOOST_DECODE_COMBINE": "kernel"}), ("merge in kernel", {}),
-                  ("merge in kernel, <= 16 splits", {"WAVEBOOST_DECODE_MAX_SPLITS": "16"}),
-                  ("merge in kernel, <= 8 splits", {"WAVEBOOST_DECODE_MAX_SPLITS": "8"}))
+                  ("merge in kernel, splits for 1 block per SM", {"WAVEBOOST_DECODE_BLOCKS_PER_SM": "1"}),
+                  ("combine kernel, splits for 1 block per SM",
+                   {"WAVEBOOST_DECODE_COMBINE": "kernel", "WAVEBOOST_DECODE_BLOCKS_PER_SM": "1"}))
 STEPS = 20  # decode steps per CUDA graph, each on its own copy of the cache while they fit 150 MB
 REPLAYS = 15
 
@@ -113,7 +114,8 @@ def sweep_child() -> None:
         def alloc_free(i=0):
             stream = torch.cuda.current_stream().cuda_stream
             rt.freeAsync(rt.mallocAsync(1 << 20, stream), stream)
-        nodes = {"memset 64 B": _graph_step_us(torch, memset), "mallocAsync + freeAsync": _graph_step_us(torch, alloc_free),
+        nodes = {"memset 64 B": _graph_step_us(torch, memset),
+                 "mallocAsync + freeAsync": _graph_step_us(torch, alloc_free),
                  "empty kernel": _graph_step_us(torch, lambda i=0: buf.add_(0))}
         print(json.dumps({"nodes_us": {k: round(v, 2) for k, v in nodes.items()}}), flush=True)
     except Exception as e:  # noqa: BLE001 - the node costs are extra information

@@ -198,11 +198,12 @@ def test_repeated_calls_graph_replays_and_streams_agree():
         assert torch.equal(got, eager if first else expect2)
 
 
-@pytest.mark.parametrize("env", [{"WAVEBOOST_DECODE_COMBINE": "kernel"}, {"WAVEBOOST_DECODE_MAX_SPLITS": "3"}],
-                         ids=["combine-kernel", "max-splits-3"])
+@pytest.mark.parametrize("env", [{"WAVEBOOST_DECODE_COMBINE": "kernel"}, {"WAVEBOOST_DECODE_MAX_SPLITS": "3"},
+                                 {"WAVEBOOST_DECODE_BLOCKS_PER_SM": "1"}],
+                         ids=["combine-kernel", "max-splits-3", "one-block-per-sm"])
 def test_merge_switches_agree_with_the_default(env, tmp_path):
-    # The combine kernel (WAVEBOOST_DECODE_COMBINE=kernel) and a capped split count give the
-    # in-kernel merge's results; the variables are read once per process, hence a subprocess.
+    # The combine kernel (WAVEBOOST_DECODE_COMBINE=kernel) and other split counts give the default's
+    # results; the variables are read once per process, hence a subprocess.
     import os
     import subprocess
     import sys

@@ -30,15 +30,21 @@ bool merge_in_kernel() {
   return in_kernel;
 }
 
-// WAVEBOOST_DECODE_MAX_SPLITS=N (1..kDecodeMaxSplits) caps the pieces per (sequence, kv head) below
-// the choice of decode_splits, to measure that choice. Read once per process.
+// To measure decode_splits' choices: WAVEBOOST_DECODE_MAX_SPLITS=N (1..kDecodeMaxSplits) caps the
+// pieces per (sequence, kv head); WAVEBOOST_DECODE_BLOCKS_PER_SM=1 cuts the keys to fill one block
+// per SM instead of kDecodeBlocksPerSM. Read once per process.
+int env_int(const char* name, int lo, int hi, int fallback) {
+  const char* v = std::getenv(name);
+  const int n = v != nullptr ? std::atoi(v) : 0;
+  return n >= lo && n <= hi ? n : fallback;
+}
 int max_splits() {
-  static const int cap = [] {
-    const char* v = std::getenv("WAVEBOOST_DECODE_MAX_SPLITS");
-    const int n = v != nullptr ? std::atoi(v) : 0;
-    return n >= 1 && n <= kDecodeMaxSplits ? n : kDecodeMaxSplits;
-  }();
+  static const int cap = env_int("WAVEBOOST_DECODE_MAX_SPLITS", 1, kDecodeMaxSplits, kDecodeMaxSplits);
   return cap;
+}
+int split_blocks_per_sm() {
+  static const int blocks = env_int("WAVEBOOST_DECODE_BLOCKS_PER_SM", 1, kDecodeBlocksPerSM, kDecodeBlocksPerSM);
+  return blocks;
 }
 
 // 16 B accesses: base pointers aligned, every applied stride a multiple of 8 elements. Packed
@@ -68,7 +74,7 @@ int64_t decode_row_tiles(const AttentionParams& p) {
 // A grid of a full wave or more is left whole: merging pieces would only add traffic.
 int decode_splits(const AttentionParams& p, int multiprocessors) {
   const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
-  const int64_t slots = int64_t{kDecodeBlocksPerSM} * multiprocessors;
+  const int64_t slots = int64_t{split_blocks_per_sm()} * multiprocessors;
   if (blocks <= 0 || blocks >= slots) return 1;
   const int64_t key_tiles = (p.seqlen_k + decode_block_n(p.head_dim) - 1) / decode_block_n(p.head_dim);
   int64_t splits = slots / blocks;

@@ -124,6 +124,72 @@ __device__ __forceinline__ void copy_row_chunk(uint32_t smem_addr, const void* g
                : "memory");
 }
 
+// The in-kernel merge, O part: out = sum_s w[s][r] O_s for the live rows of the tile, four
+// columns (an "item") per thread. The loads of kItems items x kChunk pieces are issued before any
+// is used, so a thread pays one L2 round trip per kItems x kChunk pieces: measured on an H100, a
+// merge that waited on one round trip per 8 pieces and item cost 5-14 us of a decode step.
+template <typename Traits, int kItems, int kChunk>
+__device__ __forceinline__ void merge_columns(const AttentionParams& p, const DecodeSplit& split,
+                                              const core::SequenceInfo& seq, int64_t b, int64_t h_kv, int64_t row0,
+                                              int pieces, int live_rows, const float* weight, const float* row_lse) {
+  using Element = typename Traits::Element;
+  constexpr int D = Traits::kHeadDim;
+  constexpr int kQuads = D / 4;
+  const int64_t group = p.heads / p.heads_kv;
+  const int64_t piece_stride = p.batch * p.seqlen_q * p.heads * D;
+  const int items = live_rows * kQuads;
+  for (int base = threadIdx.x; base < items; base += kItems * Traits::kThreads) {
+    float4 acc[kItems];
+    const float* part[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int item = base + j * Traits::kThreads;
+      const int r = (item < items ? item : 0) / kQuads;
+      const int64_t row = row0 + r;
+      part[j] = split.o_accum + ((b * p.seqlen_q + row / group) * p.heads + h_kv * group + row % group) * D +
+                (item % kQuads) * 4;
+      acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int s0 = 0; s0 < pieces; s0 += kChunk) {
+      float w[kItems][kChunk];
+      float4 o[kItems][kChunk];
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+        const int item = base + j * Traits::kThreads;
+#pragma unroll
+        for (int u = 0; u < kChunk; ++u) {
+          // A piece of weight 0 (no key seen, or negligible) is not read: its O may be NaN.
+          w[j][u] = item < items && s0 + u < pieces ? weight[(s0 + u) * Traits::kBlockM + item / kQuads] : 0.f;
+          o[j][u] = w[j][u] != 0.f ? __ldcg(reinterpret_cast<const float4*>(part[j] + (s0 + u) * piece_stride))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+#pragma unroll
+        for (int u = 0; u < kChunk; ++u) {
+          acc[j].x += w[j][u] * o[j][u].x;
+          acc[j].y += w[j][u] * o[j][u].y;
+          acc[j].z += w[j][u] * o[j][u].z;
+          acc[j].w += w[j][u] * o[j][u].w;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int item = base + j * Traits::kThreads;
+      if (item >= items) continue;
+      const int r = item / kQuads;
+      const int64_t row = row0 + r;
+      if (isnan(row_lse[r])) acc[j] = make_float4(NAN, NAN, NAN, NAN);
+      Element* dst = static_cast<Element*>(p.out) + seq.o_offset(p, b, row / group, h_kv * group + row % group) +
+                     (item % kQuads) * 4;
+      *reinterpret_cast<uint2*>(dst) =
+          make_uint2(pack_pair<Element>(acc[j].x, acc[j].y), pack_pair<Element>(acc[j].z, acc[j].w));
+    }
+  }
+}
+
 // The merge of one row tile's pieces by the block that finished last, as core::combine does it:
 // per row, with piece LSEs l_s and L = log sum_s exp(l_s), out = sum_s exp(l_s - L) O_s and lse = L;
 // a piece with l_s = -inf is not read, a row whose pieces are all -inf is zeros with LSE -inf, and
@@ -131,13 +197,9 @@ __device__ __forceinline__ void copy_row_chunk(uint32_t smem_addr, const void* g
 // never a line this SM's L1 may hold from an earlier kernel).
 template <typename Traits>
 __device__ __forceinline__ void merge_pieces(const AttentionParams& p, const DecodeSplit& split,
-                                          const core::SequenceInfo& seq, int64_t b, int64_t h_kv, int64_t row0,
-                                          int64_t rows, int pieces, unsigned char* smem_raw) {
-  using Element = typename Traits::Element;
-  constexpr int D = Traits::kHeadDim;
+                                             const core::SequenceInfo& seq, int64_t b, int64_t h_kv, int64_t row0,
+                                             int64_t rows, int pieces, unsigned char* smem_raw) {
   constexpr int kBlockM = Traits::kBlockM;
-  // Loads of pieces issued before any is used: the merge is a chain of L2 round trips otherwise.
-  constexpr int kPiecesInFlight = 16;
   float* weight = reinterpret_cast<float*>(smem_raw);     // [piece][kBlockM]: the LSE, then exp(l_s - L)
   float* row_lse = weight + kDecodeMaxSplits * kBlockM;  // [kBlockM]
   const int tid = threadIdx.x;
@@ -145,15 +207,26 @@ __device__ __forceinline__ void merge_pieces(const AttentionParams& p, const Dec
   const int lane = tid % 32;
   const int64_t group = p.heads / p.heads_kv;
   const int live_rows = static_cast<int>(rows - row0 < kBlockM ? rows - row0 : kBlockM);
-  const auto head_of = [&](int r) { return h_kv * group + (row0 + r) % group; };
-  const auto query_of = [&](int r) { return (row0 + r) / group; };
 
-  for (int idx = tid; idx < pieces * kBlockM; idx += Traits::kThreads) {
-    const int s = idx / kBlockM;
-    const int r = idx % kBlockM;
-    weight[idx] = r < live_rows
-                      ? __ldcg(split.lse_accum + ((s * p.batch + b) * p.heads + head_of(r)) * p.seqlen_q + query_of(r))
-                      : -INFINITY;
+  // The pieces' LSEs of the live rows, four loads per thread in flight.
+  constexpr int kLseLoads = 4;
+  const int entries = pieces * live_rows;
+  for (int base = tid; base < entries; base += kLseLoads * Traits::kThreads) {
+    float l[kLseLoads];
+#pragma unroll
+    for (int u = 0; u < kLseLoads; ++u) {
+      const int e = base + u * Traits::kThreads;
+      const int s = e / live_rows;
+      const int64_t row = row0 + e % live_rows;
+      l[u] = e < entries ? __ldcg(split.lse_accum + ((s * p.batch + b) * p.heads + h_kv * group + row % group) *
+                                                        p.seqlen_q + row / group)
+                         : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kLseLoads; ++u) {
+      const int e = base + u * Traits::kThreads;
+      if (e < entries) weight[(e / live_rows) * kBlockM + e % live_rows] = l[u];
+    }
   }
   __syncthreads();
 
@@ -167,7 +240,8 @@ __device__ __forceinline__ void merge_pieces(const AttentionParams& p, const Dec
       max_lse = fmaxf(max_lse, l);
     }
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
+    for (int offset = 16; offset > 0; offset /= 2)
+      max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
     nan = __any_sync(0xffffffffu, nan);
     const bool empty = nan || max_lse == -INFINITY;
     float total = 0.f;
@@ -185,39 +259,17 @@ __device__ __forceinline__ void merge_pieces(const AttentionParams& p, const Dec
   }
   __syncthreads();
 
-  // Four columns of one row per thread and pass.
-  constexpr int kQuads = D / 4;
-  const int64_t piece_stride = p.batch * p.seqlen_q * p.heads * D;
-  for (int idx = tid; idx < live_rows * kQuads; idx += Traits::kThreads) {
-    const int r = idx / kQuads;
-    const int c = (idx % kQuads) * 4;
-    const int64_t i = query_of(r);
-    const int64_t h = head_of(r);
-    const float* part = split.o_accum + ((b * p.seqlen_q + i) * p.heads + h) * D + c;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (isnan(row_lse[r])) acc = make_float4(NAN, NAN, NAN, NAN);
-    for (int s0 = 0; s0 < pieces; s0 += kPiecesInFlight) {
-      float w[kPiecesInFlight];
-      float4 o[kPiecesInFlight];
-#pragma unroll
-      for (int u = 0; u < kPiecesInFlight; ++u) w[u] = s0 + u < pieces ? weight[(s0 + u) * kBlockM + r] : 0.f;
-#pragma unroll
-      for (int u = 0; u < kPiecesInFlight; ++u)
-        o[u] = w[u] != 0.f ? __ldcg(reinterpret_cast<const float4*>(part + (s0 + u) * piece_stride))
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int u = 0; u < kPiecesInFlight; ++u) {
-        acc.x += w[u] * o[u].x;
-        acc.y += w[u] * o[u].y;
-        acc.z += w[u] * o[u].z;
-        acc.w += w[u] * o[u].w;
-      }
-    }
-    Element* dst = static_cast<Element*>(p.out) + seq.o_offset(p, b, i, h) + c;
-    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_pair<Element>(acc.x, acc.y), pack_pair<Element>(acc.z, acc.w));
+  // 16 loads in flight per thread: 2 items x 8 pieces or 1 x 16 (32 made ptxas spill at head dim 64).
+  if (pieces <= 8) {
+    merge_columns<Traits, 2, 8>(p, split, seq, b, h_kv, row0, pieces, live_rows, weight, row_lse);
+  } else {
+    merge_columns<Traits, 1, 16>(p, split, seq, b, h_kv, row0, pieces, live_rows, weight, row_lse);
   }
   if (p.lse != nullptr) {
-    for (int r = tid; r < live_rows; r += Traits::kThreads) p.lse[seq.lse_offset(p, b, query_of(r), head_of(r))] = row_lse[r];
+    for (int r = tid; r < live_rows; r += Traits::kThreads) {
+      const int64_t row = row0 + r;
+      p.lse[seq.lse_offset(p, b, row / group, h_kv * group + row % group)] = row_lse[r];
+    }
   }
 }
 
@@ -509,14 +561,14 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   if (write_out || !merge_here) return;
 
   // ---- Arrival: the last piece of this row tile to finish merges them all ----
-  // Every thread's piece stores are made visible device-wide before thread 0 counts the piece
-  // (the fence-then-atomic of the CUDA programming guide's last-block reduction); the counting
-  // thread fences again after seeing the last count, so the merge's loads see every piece.
-  __threadfence();
+  // The block's piece stores are ordered before thread 0's fence by the barrier, and the fence
+  // before its count (release); the thread that sees the last count fences again (acquire) before
+  // the barrier that starts the merge: the pattern of cooperative groups' grid barrier.
   __syncthreads();
   bool last = false;
   if (tid == 0) {
     int* arrived = split.arrivals + (b * p.heads_kv + h_kv) * row_tiles + row_tile;
+    __threadfence();
     last = atomicAdd(arrived, 1) == pieces - 1;
     if (last) __threadfence();
   }
