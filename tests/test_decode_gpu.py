@@ -97,14 +97,17 @@ def test_split_and_unsplit_grids(b, heads, heads_kv, lk):
         check_rows(out[i], lse[i], ref[i], ref_lse[i], naive[i], "bf16")
 
 
-# Split pieces merged in the decode kernel: the last piece of a row tile to finish merges them.
-# On an H100 (132 SMs, 2 blocks per SM) one sequence with 8 kv heads splits into up to 33 pieces,
-# with 2 kv heads into up to 128 (the cap); key tiles are 64 keys at head dim 128, 128 at 64.
+# Split pieces: 16-row tiles are merged inside the decode kernel (the last piece of a row tile to
+# finish merges them), 64-row tiles by the combine kernel. On an H100 (132 SMs) one sequence of
+# 16-row tiles splits into up to 132 / kv heads pieces (16 at 8 kv heads, the cap of 128 at 1); key
+# tiles are 64 keys at head dim 128, 128 at 64.
 @pytest.mark.parametrize("heads,heads_kv,d,lq,lk,causal", [
-    (32, 8, 128, 1, 64 * 33, False),      # as many tiles as pieces: every piece one tile
-    (32, 8, 128, 1, 64 * 33 - 5, False),  # the same with a partial last tile
+    (32, 8, 128, 1, 64 * 16, False),      # as many tiles as pieces: every piece one tile
+    (32, 8, 128, 1, 64 * 16 - 5, False),  # the same with a partial last tile
+    (32, 8, 128, 1, 64 * 33, False),      # 33 tiles dealt over 16 pieces
     (32, 8, 128, 1, 64 * 2 + 1, False),   # 3 tiles: 3 pieces, the rest of the splits idle
-    (8, 2, 64, 1, 128 * 128 + 1, False),  # 129 tiles over the 128 pieces of the cap
+    (8, 1, 64, 1, 128 * 128 + 1, False),  # 129 tiles over the 128 pieces of the cap
+    (16, 4, 64, 4, 1000, True),           # 16 causal rows (4 queries x 4 heads) seeing different keys
     (64, 1, 128, 2, 3001, True),          # 128 rows: two 64-row tiles, each merged on its own
     (16, 1, 64, 3, 700, True),            # causal rows that see different numbers of keys
 ])
@@ -146,12 +149,13 @@ def test_merge_with_mixed_cache_lengths(page_size, lq, causal):
         check_rows(out[i], lse[i], refs[i], ref_lses[i], naives[i], "fp16")
 
 
-def _split_call(seed):
-    """A decode step that splits into many pieces (1 sequence, 8 kv heads, 5000 keys)."""
+def _split_call(seed, heads=32, heads_kv=8):
+    """A decode step that splits into many pieces (1 sequence, 5000 keys): 16-row tiles at 32/8
+    heads, one 64-row tile at 64/1."""
     g = gen(seed)
     dtype = torch.bfloat16
-    q, k, v = randn(g, 1, 1, 32, 128, dtype=dtype), randn(g, 1, 5000, 8, 128, dtype=dtype), \
-        randn(g, 1, 5000, 8, 128, dtype=dtype)
+    q, k, v = randn(g, 1, 1, heads, 128, dtype=dtype), randn(g, 1, 5000, heads_kv, 128, dtype=dtype), \
+        randn(g, 1, 5000, heads_kv, 128, dtype=dtype)
     out = torch.empty_like(q)
     call = lambda: waveboost.attention(q, k, v, out=out, return_lse=True, backend="decode")[1]  # noqa: E731
     return call, out
@@ -198,12 +202,15 @@ def test_repeated_calls_graph_replays_and_streams_agree():
         assert torch.equal(got, eager if first else expect2)
 
 
-@pytest.mark.parametrize("env", [{"WAVEBOOST_DECODE_COMBINE": "kernel"}, {"WAVEBOOST_DECODE_MAX_SPLITS": "3"},
-                                 {"WAVEBOOST_DECODE_BLOCKS_PER_SM": "1"}],
-                         ids=["combine-kernel", "max-splits-3", "one-block-per-sm"])
-def test_merge_switches_agree_with_the_default(env, tmp_path):
-    # The combine kernel (WAVEBOOST_DECODE_COMBINE=kernel) and other split counts give the default's
-    # results; the variables are read once per process, hence a subprocess.
+@pytest.mark.parametrize("env,heads", [
+    ({"WAVEBOOST_DECODE_COMBINE": "kernel"}, (32, 8)),
+    ({"WAVEBOOST_DECODE_MAX_SPLITS": "3"}, (32, 8)),
+    ({"WAVEBOOST_DECODE_BLOCKS_PER_SM": "2"}, (32, 8)),
+    ({"WAVEBOOST_DECODE_COMBINE": "in-kernel"}, (64, 1)),
+], ids=["combine-kernel", "max-splits-3", "two-blocks-per-sm", "64-row-tile-in-kernel"])
+def test_merge_switches_agree_with_the_default(env, heads, tmp_path):
+    # The other merge (WAVEBOOST_DECODE_COMBINE) and other split counts give the default's results;
+    # the variables are read once per process, hence a subprocess.
     import os
     import subprocess
     import sys
@@ -211,13 +218,13 @@ def test_merge_switches_agree_with_the_default(env, tmp_path):
 import sys, torch
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 from test_decode_gpu import _split_call
-call, out = _split_call(43)
+call, out = _split_call(43, *{heads!r})
 lse = call()
 torch.save((out.cpu(), lse.cpu()), {str(tmp_path / "out.pt")!r})
 """
     subprocess.run([sys.executable, "-c", script], env={**os.environ, **env}, check=True, timeout=120)
     theirs, theirs_lse = torch.load(tmp_path / "out.pt")
-    call, out = _split_call(43)
+    call, out = _split_call(43, *heads)
     lse = call()
     assert not torch.isnan(theirs).any()
     torch.testing.assert_close(theirs.cuda().float(), out.float(), rtol=1e-2, atol=1e-2)

@@ -18,33 +18,40 @@ namespace {
 // Blocks of the decode kernel one SM holds at once: its shared memory (100-112 KB) allows two
 // on sm_90 (228 KB per SM).
 constexpr int kDecodeBlocksPerSM = 2;
-// Where split pieces are merged. By default inside the decode kernel, by the last piece of each
-// row tile to finish: one kernel per step instead of two (benchmarks/NOTES.md, "Decode").
-// WAVEBOOST_DECODE_COMBINE=kernel runs core::combine after the decode kernel instead, to compare
-// the two. Read once per process.
-bool merge_in_kernel() {
-  static const bool in_kernel = [] {
-    const char* v = std::getenv("WAVEBOOST_DECODE_COMBINE");
-    return v == nullptr || std::strcmp(v, "kernel") != 0;
-  }();
-  return in_kernel;
-}
 
-// To measure decode_splits' choices: WAVEBOOST_DECODE_MAX_SPLITS=N (1..kDecodeMaxSplits) caps the
-// pieces per (sequence, kv head); WAVEBOOST_DECODE_BLOCKS_PER_SM=1 cuts the keys to fill one block
-// per SM instead of kDecodeBlocksPerSM. Read once per process.
+// How split-KV runs, by tile (benchmarks/NOTES.md, "Decode"; H100, bf16, head dim 128, GPU time of
+// a CUDA-graph step). 16-row tiles (seqlen_q x group <= 16) stream the cache at 91% of peak with one
+// block per SM (B = 16, 8k keys: 175.9 us whole, 188.8 us cut in two pieces for two blocks per SM),
+// so their keys are cut to fill one block per SM, and the pieces are merged inside the decode
+// kernel (B = 1, 2k keys: 14.0 us, 15.1 us with the combine kernel). 64-row tiles merge 32-64 rows
+// per block, where the combine kernel is 10 us faster (B = 32, 8k keys, 32/1 heads: 62.8 vs 73.3 us),
+// and stream better at two blocks per SM (62.8 vs 70.5 us).
+//
+// To measure these choices (read once per process): WAVEBOOST_DECODE_COMBINE=kernel or in-kernel
+// picks the merge for every tile; WAVEBOOST_DECODE_BLOCKS_PER_SM=1 or 2 the wave that the split
+// count fills; WAVEBOOST_DECODE_MAX_SPLITS=N (1..kDecodeMaxSplits) caps the pieces per (sequence,
+// kv head).
 int env_int(const char* name, int lo, int hi, int fallback) {
   const char* v = std::getenv(name);
   const int n = v != nullptr ? std::atoi(v) : 0;
   return n >= lo && n <= hi ? n : fallback;
 }
+bool merge_in_kernel(const AttentionParams& p) {
+  static const int forced = [] {  // -1: by tile, 0: the combine kernel, 1: in the kernel
+    const char* v = std::getenv("WAVEBOOST_DECODE_COMBINE");
+    if (v != nullptr && std::strcmp(v, "kernel") == 0) return 0;
+    if (v != nullptr && std::strcmp(v, "in-kernel") == 0) return 1;
+    return -1;
+  }();
+  return forced >= 0 ? forced == 1 : decode_block_m(p) == 16;
+}
+int split_blocks_per_sm(const AttentionParams& p) {
+  static const int forced = env_int("WAVEBOOST_DECODE_BLOCKS_PER_SM", 1, kDecodeBlocksPerSM, 0);
+  return forced > 0 ? forced : (decode_block_m(p) == 16 ? 1 : kDecodeBlocksPerSM);
+}
 int max_splits() {
   static const int cap = env_int("WAVEBOOST_DECODE_MAX_SPLITS", 1, kDecodeMaxSplits, kDecodeMaxSplits);
   return cap;
-}
-int split_blocks_per_sm() {
-  static const int blocks = env_int("WAVEBOOST_DECODE_BLOCKS_PER_SM", 1, kDecodeBlocksPerSM, kDecodeBlocksPerSM);
-  return blocks;
 }
 
 // 16 B accesses: base pointers aligned, every applied stride a multiple of 8 elements. Packed
@@ -67,14 +74,12 @@ int64_t decode_row_tiles(const AttentionParams& p) {
 }
 
 // Pieces to cut each block's keys into. The grid without splits has batch x kv heads x row
-// tiles blocks; when that is under kDecodeBlocksPerSM per SM, the keys are cut so that the pieces
-// fill one wave of kDecodeBlocksPerSM per SM, each piece at least one key tile of the longest
-// sequence. On an H100 one block per SM (two K/V stages in flight, 64 KB) streams a cache at
-// 85% of peak bandwidth, two at 90% (benchmarks/decode_bench.py, B = 16 vs 64 at 8 kv heads).
-// A grid of a full wave or more is left whole: merging pieces would only add traffic.
+// tiles blocks; when that is under split_blocks_per_sm per SM, the keys are cut so that the pieces
+// fill one wave of split_blocks_per_sm per SM, each piece at least one key tile of the longest
+// sequence. A grid of a full wave or more is left whole: merging pieces would only add work.
 int decode_splits(const AttentionParams& p, int multiprocessors) {
   const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
-  const int64_t slots = int64_t{split_blocks_per_sm()} * multiprocessors;
+  const int64_t slots = int64_t{split_blocks_per_sm(p)} * multiprocessors;
   if (blocks <= 0 || blocks >= slots) return 1;
   const int64_t key_tiles = (p.seqlen_k + decode_block_n(p.head_dim) - 1) / decode_block_n(p.head_dim);
   int64_t splits = slots / blocks;
@@ -182,7 +187,7 @@ Status decode_forward(const AttentionParams& p, void* stream) {
   // Pieces: O (fp32) [split][b][i][h][d] and LSE [split][b][h][i]. splits x blocks <= 2 x SMs,
   // so at most 2 x SMs x 64 rows (8.7 MB at head dim 128 on an H100), kept by the pool. Then,
   // for the merge in the kernel, an arrival counter per row tile of each (sequence, kv head).
-  const bool in_kernel = merge_in_kernel();
+  const bool in_kernel = merge_in_kernel(p);
   const size_t floats = static_cast<size_t>(split.num_splits) * p.batch * p.seqlen_q * p.heads;
   const size_t counters = in_kernel ? static_cast<size_t>(p.batch * p.heads_kv * decode_row_tiles(p)) : 0;
   const size_t bytes = floats * (p.head_dim + 1) * sizeof(float) + counters * sizeof(int);
