@@ -29,10 +29,11 @@ from waveboost.bench import main
 # cells, the one-wave cell and MQA, all bf16, head dim 128, one query per sequence.
 SWEEP_SHAPES = ((1, 2048, 32, 8), (1, 8192, 32, 8), (1, 32768, 32, 8), (1, 2048, 64, 8), (16, 8192, 32, 8),
                 (32, 8192, 32, 1))
-SWEEP_SETTINGS = (("combine kernel", {"WAVEBOOST_DECODE_COMBINE": "kernel"}), ("merge in kernel", {}),
-                  ("merge in kernel, splits for 1 block per SM", {"WAVEBOOST_DECODE_BLOCKS_PER_SM": "1"}),
-                  ("combine kernel, splits for 1 block per SM",
-                   {"WAVEBOOST_DECODE_COMBINE": "kernel", "WAVEBOOST_DECODE_BLOCKS_PER_SM": "1"}))
+SWEEP_SETTINGS = tuple(
+    (f"{merge}, splits for {blocks} block{'s' if blocks > 1 else ''} per SM",
+     {"WAVEBOOST_DECODE_COMBINE": env, "WAVEBOOST_DECODE_BLOCKS_PER_SM": str(blocks)})
+    for merge, env in (("combine kernel", "kernel"), ("merge in kernel", "in-kernel")) for blocks in (2, 1)) + (
+    ("default (16-row tiles: 1 block per SM, merge in kernel; 64-row tiles: 2, combine kernel)", {}),)
 STEPS = 20  # decode steps per CUDA graph, each on its own copy of the cache while they fit 150 MB
 REPLAYS = 15
 

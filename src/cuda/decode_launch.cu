@@ -1,7 +1,7 @@
 // Backend "decode": can_implement, the number of split-KV pieces, the workspace, and the
 // dtype x head_dim dispatch of the decode kernel (include/waveboost/cuda/decode.cuh), which
-// merges split pieces itself (or, with WAVEBOOST_DECODE_COMBINE=kernel, is followed by the
-// combine of include/waveboost/cuda/core/combine.cuh).
+// merges the split pieces of 16-row tiles itself; those of 64-row tiles go to the combine of
+// include/waveboost/cuda/core/combine.cuh.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
