@@ -100,6 +100,140 @@ def test_split_and_unsplit_grids(b, heads, heads_kv, lk):
         check_rows(out[i], lse[i], ref[i], ref_lse[i], naive[i], "bf16")
 
 
+# Split pieces: 16-row tiles are merged inside the decode kernel (the last piece of a row tile to
+# finish merges them), 64-row tiles by the combine kernel. On an H100 (132 SMs) one sequence of
+# 16-row tiles splits into up to 132 / kv heads pieces (16 at 8 kv heads, the cap of 128 at 1); key
+# tiles are 64 keys at head dim 128, 128 at 64.
+@pytest.mark.parametrize("heads,heads_kv,d,lq,lk,causal", [
+    (32, 8, 128, 1, 64 * 16, False),      # as many tiles as pieces: every piece one tile
+    (32, 8, 128, 1, 64 * 16 - 5, False),  # the same with a partial last tile
+    (32, 8, 128, 1, 64 * 33, False),      # 33 tiles dealt over 16 pieces
+    (32, 8, 128, 1, 64 * 2 + 1, False),   # 3 tiles: 3 pieces, the rest of the splits idle
+    (8, 1, 64, 1, 128 * 128 + 1, False),  # 129 tiles over the 128 pieces of the cap
+    (16, 4, 64, 4, 1000, True),           # 16 causal rows (4 queries x 4 heads) seeing different keys
+    (64, 1, 128, 2, 3001, True),          # 128 rows: two 64-row tiles, each merged on its own
+    (16, 1, 64, 3, 700, True),            # causal rows that see different numbers of keys
+])
+def test_every_split_piece_counts(heads, heads_kv, d, lq, lk, causal):
+    g = gen(lk * 7 + heads)
+    dtype = torch.bfloat16
+    q, k, v = randn(g, 1, lq, heads, d, dtype=dtype), randn(g, 1, lk, heads_kv, d, dtype=dtype), \
+        randn(g, 1, lk, heads_kv, d, dtype=dtype)
+    out = torch.full_like(q, float("nan"))
+    _, lse = waveboost.attention(q, k, v, causal=causal, out=out, return_lse=True, backend="decode")
+    scale = 1 / math.sqrt(d)
+    ref, ref_lse = attention_ref_torch(q, k, v, causal, scale)
+    naive, _ = attention_ref_torch(q, k, v, causal, scale, dtype=dtype)
+    check_rows(out[0], lse[0], ref[0], ref_lse[0], naive[0], "bf16")
+
+
+@pytest.mark.parametrize("page_size", [None, 16])
+@pytest.mark.parametrize("lq,causal", [(1, False), (4, True)])
+def test_merge_with_mixed_cache_lengths(page_size, lq, causal):
+    # Lengths 0 and 1 (one piece: written straight to out) beside long ones (many pieces merged)
+    # and lengths of one, two and three key tiles, in one batch.
+    g = gen(31 + (page_size or 0) + lq)
+    dtype, heads, heads_kv, d, max_len = torch.float16, 32, 8, 128, 4096
+    lengths = torch.tensor([0, 1, 4000, 65, 64, 129, 4096, 3], dtype=torch.int32)
+    b = len(lengths)
+    k_cache, v_cache = randn(g, b, max_len, heads_kv, d, dtype=dtype), randn(g, b, max_len, heads_kv, d, dtype=dtype)
+    q = randn(g, b, lq, heads, d, dtype=dtype)
+    if page_size is None:
+        kc, vc, table = k_cache, v_cache, None
+    else:
+        kc, vc, table = paged_copy(g, k_cache, v_cache, page_size)
+    out = torch.full_like(q, float("nan"))
+    _, lse = waveboost.attention_with_kvcache(q, kc, vc, lengths.cuda(), block_table=table, causal=causal, out=out,
+                                              return_lse=True, backend="decode")
+    scale = 1 / math.sqrt(d)
+    refs, ref_lses = per_sequence_reference(q, k_cache, v_cache, [lq] * b, lengths, causal, scale)
+    naives, _ = per_sequence_reference(q, k_cache, v_cache, [lq] * b, lengths, causal, scale, dtype=dtype)
+    for i in range(b):
+        check_rows(out[i], lse[i], refs[i], ref_lses[i], naives[i], "fp16")
+
+
+def _split_call(seed, heads=32, heads_kv=8):
+    """A decode step that splits into many pieces (1 sequence, 5000 keys): 16-row tiles at 32/8
+    heads, one 64-row tile at 64/1."""
+    g = gen(seed)
+    dtype = torch.bfloat16
+    q, k, v = randn(g, 1, 1, heads, 128, dtype=dtype), randn(g, 1, 5000, heads_kv, 128, dtype=dtype), \
+        randn(g, 1, 5000, heads_kv, 128, dtype=dtype)
+    out = torch.empty_like(q)
+    call = lambda: waveboost.attention(q, k, v, out=out, return_lse=True, backend="decode")[1]  # noqa: E731
+    return call, out
+
+
+def test_repeated_calls_graph_replays_and_streams_agree():
+    # The arrival counters must start every call at 0: repeated calls on one stream, replays of a
+    # captured step and calls on two streams at once give bit-identical results.
+    call, out = _split_call(41)
+    eager_lse = call()
+    eager = out.clone()
+    for _ in range(4):
+        out.fill_(float("nan"))
+        lse = call()
+        assert torch.equal(out, eager) and torch.equal(lse, eager_lse)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lse = call()
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager) and torch.equal(lse, eager_lse)
+    # Two streams, each with its own step and outputs, interleaved.
+    other, out2 = _split_call(42)
+    other()
+    expect2 = out2.clone()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    results = []
+    for st in streams:
+        st.wait_stream(torch.cuda.current_stream())
+    for _ in range(8):
+        for st, (fn, o) in zip(streams, ((call, out), (other, out2))):
+            with torch.cuda.stream(st):
+                fn()
+                results.append((o.clone(), o is out))
+    torch.cuda.synchronize()
+    for got, first in results:
+        assert torch.equal(got, eager if first else expect2)
+
+
+@pytest.mark.parametrize("env,heads", [
+    ({"WAVEBOOST_DECODE_COMBINE": "kernel"}, (32, 8)),
+    ({"WAVEBOOST_DECODE_MAX_SPLITS": "3"}, (32, 8)),
+    ({"WAVEBOOST_DECODE_BLOCKS_PER_SM": "2"}, (32, 8)),
+    ({"WAVEBOOST_DECODE_COMBINE": "in-kernel"}, (64, 1)),
+], ids=["combine-kernel", "max-splits-3", "two-blocks-per-sm", "64-row-tile-in-kernel"])
+def test_merge_switches_agree_with_the_default(env, heads, tmp_path):
+    # The other merge (WAVEBOOST_DECODE_COMBINE) and other split counts give the default's results;
+    # the variables are read once per process, hence a subprocess.
+    import os
+    import subprocess
+    import sys
+    script = f"""
+import sys, torch
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_decode_gpu import _split_call
+call, out = _split_call(43, *{heads!r})
+lse = call()
+torch.save((out.cpu(), lse.cpu()), {str(tmp_path / "out.pt")!r})
+"""
+    subprocess.run([sys.executable, "-c", script], env={**os.environ, **env}, check=True, timeout=120)
+    theirs, theirs_lse = torch.load(tmp_path / "out.pt")
+    call, out = _split_call(43, *heads)
+    lse = call()
+    assert not torch.isnan(theirs).any()
+    torch.testing.assert_close(theirs.cuda().float(), out.float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(theirs_lse.cuda(), lse, rtol=1e-5, atol=1e-5)
+
+
 def test_auto_sends_few_queries_per_kv_head_to_decode():
     g = gen(7)
     q, k, v = randn(g, 4, 1, 32, 128, dtype=torch.float16), randn(g, 4, 512, 8, 128, dtype=torch.float16), \

@@ -1,7 +1,10 @@
 // Backend "decode": can_implement, the number of split-KV pieces, the workspace, and the
-// launch of the decode kernel (include/waveboost/cuda/decode.cuh) through the kernel registry,
-// followed by the combine (include/waveboost/cuda/core/combine.cuh) when the keys were split.
+// launch of the decode kernel (include/waveboost/cuda/decode.cuh) through the kernel registry;
+// the kernel merges the split pieces of 16-row tiles itself, those of 64-row tiles go to the
+// combine of include/waveboost/cuda/core/combine.cuh.
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda_paths.h"
@@ -17,8 +20,40 @@ namespace {
 // Blocks of the decode kernel one SM holds at once: its shared memory (100-112 KB) allows two
 // on sm_90 (228 KB per SM).
 constexpr int kDecodeBlocksPerSM = 2;
-// Pieces per (sequence, kv head) at most: bounds the combine's reads per output row.
-constexpr int kMaxDecodeSplits = 128;
+
+// How split-KV runs, by tile (measured in benchmarks/NOTES.md, "Decode", and
+// benchmarks/results/*-20261123/decode-fused/). 16-row tiles (seqlen_q x group <= 16) stream the
+// cache best at one block per SM, so their keys are cut to fill one block per SM, and the pieces
+// are merged inside the decode kernel (one launch fewer, which batch-1 steps feel). 64-row tiles
+// merge 32-64 rows per block, where the combine kernel is faster, and stream better at two blocks
+// per SM.
+//
+// To measure these choices (read once per process): WAVEBOOST_DECODE_COMBINE=kernel or in-kernel
+// picks the merge for every tile; WAVEBOOST_DECODE_BLOCKS_PER_SM=1 or 2 the wave that the split
+// count fills; WAVEBOOST_DECODE_MAX_SPLITS=N (1..kDecodeMaxSplits) caps the pieces per (sequence,
+// kv head).
+int env_int(const char* name, int lo, int hi, int fallback) {
+  const char* v = std::getenv(name);
+  const int n = v != nullptr ? std::atoi(v) : 0;
+  return n >= lo && n <= hi ? n : fallback;
+}
+bool merge_in_kernel(const AttentionParams& p) {
+  static const int forced = [] {  // -1: by tile, 0: the combine kernel, 1: in the kernel
+    const char* v = std::getenv("WAVEBOOST_DECODE_COMBINE");
+    if (v != nullptr && std::strcmp(v, "kernel") == 0) return 0;
+    if (v != nullptr && std::strcmp(v, "in-kernel") == 0) return 1;
+    return -1;
+  }();
+  return forced >= 0 ? forced == 1 : decode_block_m(p) == 16;
+}
+int split_blocks_per_sm(const AttentionParams& p) {
+  static const int forced = env_int("WAVEBOOST_DECODE_BLOCKS_PER_SM", 1, kDecodeBlocksPerSM, 0);
+  return forced > 0 ? forced : (decode_block_m(p) == 16 ? 1 : kDecodeBlocksPerSM);
+}
+int max_splits() {
+  static const int cap = env_int("WAVEBOOST_DECODE_MAX_SPLITS", 1, kDecodeMaxSplits, kDecodeMaxSplits);
+  return cap;
+}
 
 int64_t decode_row_tiles(const AttentionParams& p) {
   const int64_t block_m = decode_block_m(p);
@@ -26,19 +61,17 @@ int64_t decode_row_tiles(const AttentionParams& p) {
 }
 
 // Pieces to cut each block's keys into. The grid without splits has batch x kv heads x row
-// tiles blocks; when that is under kDecodeBlocksPerSM per SM, the keys are cut so that the pieces
-// fill one wave of kDecodeBlocksPerSM per SM, each piece at least one key tile of the longest
-// sequence. On an H100 one block per SM (two K/V stages in flight, 64 KB) streams a cache at
-// 85% of peak bandwidth, two at 90% (benchmarks/decode_bench.py, B = 16 vs 64 at 8 kv heads).
-// A grid of a full wave or more is left whole: the combine would only add traffic and a launch.
+// tiles blocks; when that is under split_blocks_per_sm per SM, the keys are cut so that the pieces
+// fill one wave of split_blocks_per_sm per SM, each piece at least one key tile of the longest
+// sequence. A grid of a full wave or more is left whole: merging pieces would only add work.
 int decode_splits(const AttentionParams& p, int multiprocessors) {
   const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
-  const int64_t slots = int64_t{kDecodeBlocksPerSM} * multiprocessors;
+  const int64_t slots = int64_t{split_blocks_per_sm(p)} * multiprocessors;
   if (blocks <= 0 || blocks >= slots) return 1;
   const int64_t key_tiles = (p.seqlen_k + decode_block_n(p.head_dim) - 1) / decode_block_n(p.head_dim);
   int64_t splits = slots / blocks;
   splits = splits < key_tiles ? splits : key_tiles;
-  splits = splits < kMaxDecodeSplits ? splits : kMaxDecodeSplits;
+  splits = splits < max_splits() ? splits : max_splits();
   return splits > 1 ? static_cast<int>(splits) : 1;
 }
 
@@ -47,6 +80,35 @@ Status launch(const AttentionParams& p, const DecodeSplit& split, cudaStream_t s
   launch.stream = s;
   launch.decode = &split;
   return run_forward(Backend::kDecode, "", p, launch);
+}
+
+// core::combine over the pieces of `split` into p.out and p.lse.
+Status combine_pieces(const AttentionParams& p, const DecodeSplit& split, cudaStream_t s) {
+  core::CombineParams c;
+  c.parts = split.o_accum;
+  c.part_head_stride = p.head_dim;
+  c.part_row_stride = p.heads * p.head_dim;
+  c.part_batch_stride = p.seqlen_q * c.part_row_stride;
+  c.part_stride = p.batch * c.part_batch_stride;
+  c.part_lse = split.lse_accum;
+  c.lse_row_stride = 1;
+  c.lse_head_stride = p.seqlen_q;
+  c.lse_batch_stride = p.heads * p.seqlen_q;
+  c.lse_part_stride = p.batch * c.lse_batch_stride;
+  c.out = p.out;
+  c.o_batch_stride = p.o_batch_stride;
+  c.o_row_stride = p.o_row_stride;
+  c.o_head_stride = p.o_head_stride;
+  c.lse = p.lse;
+  c.lse_out_batch_stride = p.lse_batch_stride;
+  c.lse_out_head_stride = p.lse_head_stride;
+  c.cu_seqlens = p.cu_seqlens_q;
+  c.num_parts = split.num_splits;
+  c.batch = p.batch;
+  c.seqlen = p.seqlen_q;
+  c.heads = p.heads;
+  c.head_dim = p.head_dim;
+  return core::launch_combine(c, DType::kFloat32, p.dtype, s);
 }
 
 }  // namespace
@@ -82,7 +144,6 @@ Status decode_plan(const AttentionParams& p, ForwardPlan* plan) {
 }
 
 Status decode_forward(const AttentionParams& p, void* stream) {
-  if (p.batch == 0 || p.heads == 0 || p.seqlen_q == 0) return Status::Ok();
   DeviceGuard guard(p.device_id);
   if (!guard.status().ok()) return guard.status();
   const auto s = static_cast<cudaStream_t>(stream);
@@ -93,40 +154,28 @@ Status decode_forward(const AttentionParams& p, void* stream) {
   if (split.num_splits == 1) return launch(p, split, s);
 
   // Pieces: O (fp32) [split][b][i][h][d] and LSE [split][b][h][i]. splits x blocks <= 2 x SMs,
-  // so at most 2 x SMs x 64 rows (8.7 MB at head dim 128 on an H100), kept by the pool.
+  // so at most 2 x SMs x 64 rows (8.7 MB at head dim 128 on an H100), kept by the pool. Then,
+  // for the merge in the kernel, an arrival counter per row tile of each (sequence, kv head).
+  const bool in_kernel = merge_in_kernel(p);
   const size_t floats = static_cast<size_t>(split.num_splits) * p.batch * p.seqlen_q * p.heads;
-  PoolWorkspace workspace(p.device_id, floats * (p.head_dim + 1) * sizeof(float), s, "decode split-KV workspace");
+  const size_t counters = in_kernel ? static_cast<size_t>(p.batch * p.heads_kv * decode_row_tiles(p)) : 0;
+  PoolWorkspace workspace(p.device_id, floats * (p.head_dim + 1) * sizeof(float) + counters * sizeof(int), s,
+                          "decode split-KV workspace");
   if (!workspace.status().ok()) return workspace.status();
   split.o_accum = static_cast<float*>(workspace.get());
   split.lse_accum = split.o_accum + floats * p.head_dim;
-  Status status = launch(p, split, s);
-  if (status.ok()) {
-    core::CombineParams c;
-    c.parts = split.o_accum;
-    c.part_head_stride = p.head_dim;
-    c.part_row_stride = p.heads * p.head_dim;
-    c.part_batch_stride = p.seqlen_q * c.part_row_stride;
-    c.part_stride = p.batch * c.part_batch_stride;
-    c.part_lse = split.lse_accum;
-    c.lse_row_stride = 1;
-    c.lse_head_stride = p.seqlen_q;
-    c.lse_batch_stride = p.heads * p.seqlen_q;
-    c.lse_part_stride = p.batch * c.lse_batch_stride;
-    c.out = p.out;
-    c.o_batch_stride = p.o_batch_stride;
-    c.o_row_stride = p.o_row_stride;
-    c.o_head_stride = p.o_head_stride;
-    c.lse = p.lse;
-    c.lse_out_batch_stride = p.lse_batch_stride;
-    c.lse_out_head_stride = p.lse_head_stride;
-    c.cu_seqlens = p.cu_seqlens_q;
-    c.num_parts = split.num_splits;
-    c.batch = p.batch;
-    c.seqlen = p.seqlen_q;
-    c.heads = p.heads;
-    c.head_dim = p.head_dim;
-    status = core::launch_combine(c, DType::kFloat32, p.dtype, s);
+  Status status = Status::Ok();
+  if (in_kernel) {
+    // The counters start at 0: cleared in this stream, right before the kernel. They live in this
+    // call's workspace, which no other launch touches between its stream-ordered allocation and
+    // free (a concurrent call on another stream, or another graph, gets other memory), so calls on
+    // any streams and replays of captured graphs never share counters.
+    split.arrivals = reinterpret_cast<int*>(split.lse_accum + floats);
+    status = cuda_status(cudaMemsetAsync(split.arrivals, 0, counters * sizeof(int), s),
+                         "cudaMemsetAsync of the decode arrival counters");
   }
+  if (status.ok()) status = launch(p, split, s);
+  if (status.ok() && !in_kernel) status = combine_pieces(p, split, s);
   const Status freed = workspace.release();
   return status.ok() ? freed : status;
 }

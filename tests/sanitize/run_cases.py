@@ -14,7 +14,7 @@ Outputs come from torch.empty (uninitialized) and are read afterwards, so an ele
 write shows up as an initcheck error; the script also fails on a NaN in out or lse (inputs are finite).
 It checks no numerics beyond that: tests/ does. Exit status 0 and a last line "run_cases: N calls OK".
 
-    python tests/sanitize/run_cases.py [--list] [--backward-only]
+    python tests/sanitize/run_cases.py [--list] [--backward-only] [--serving-only]
 """
 
 from __future__ import annotations
@@ -149,6 +149,13 @@ def serving_calls(g):
     table = torch.randperm(pages, device="cuda", generator=g).reshape(3, 8).to(torch.int32)
     lengths = torch.tensor([0, 17, 125], dtype=torch.int32, device="cuda")
     q, kn, vn = mk(3, 2, 8, d), mk(3, 2, hkv, d), mk(3, 2, hkv, d)
+    # Pieces merged inside the decode kernel: cache lengths of 0 and 1 (one piece, written to out)
+    # beside ones of several key tiles (2 to 5 pieces merged by the last to finish).
+    kd, vd = mk(4, 320, 8, 128), mk(4, 320, 8, 128)
+    lengths_mixed = torch.tensor([0, 1, 319, 65], dtype=torch.int32, device="cuda")
+    qd = mk(4, 1, 32, 128)
+    calls.append(("decode merged pieces, mixed lengths", lambda: waveboost.attention_with_kvcache(
+        qd, kd, vd, lengths_mixed, return_lse=True, out=torch.empty_like(qd), backend="decode")))
     calls.append(("decode paged + append", lambda: waveboost.attention_with_kvcache(
         q, kc, vc, lengths, block_table=table, k_new=kn, v_new=vn, causal=True, return_lse=True,
         out=torch.empty_like(q))))
@@ -195,12 +202,13 @@ def main():
     g = torch.Generator(device="cuda").manual_seed(0)
     if "--backward-only" in sys.argv:  # the attention_backward calls alone
         all_cases = []
+    serving_only = "--serving-only" in sys.argv  # the serving calls (decode, kv cache, varlen, merge) alone
     launched = 0
-    for case in all_cases:
+    for case in [] if serving_only else all_cases:
         launched += run(case, g)
-    for case in backward_cases():
+    for case in [] if serving_only else backward_cases():
         launched += run_backward(case, g)
-    all_cases = all_cases + backward_cases()
+    all_cases = [] if serving_only else all_cases + backward_cases()
     serving = serving_calls(g) if torch.cuda.get_device_capability() >= (8, 0) else []
     for name, call in serving:
         result = call()

@@ -12,9 +12,11 @@
 // instead of the rows, and merge their states at the end.
 //
 // Keys are cut into num_splits pieces (flash-decoding) when batch x kv heads leaves SMs idle:
-// each piece writes O / l (fp32) and its LSE to a workspace and core::combine merges them. The
-// pieces are cut from each sequence's own length, read on the device (seqused_k, cu_seqlens),
-// so nothing is read on the host and the launch shape depends only on the shapes.
+// each piece writes O / l (fp32) and its LSE to a workspace, and the pieces are merged through
+// their LSEs, either inside this kernel (the last piece of a row tile to finish merges them, see
+// merge_pieces) or by core::combine afterwards. The pieces are cut from each sequence's own
+// length, read on the device (seqused_k, cu_seqlens), so nothing is read on the host and the
+// launch shape depends only on the shapes.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +27,10 @@
 #include "waveboost/cuda/mma_primitives.cuh"
 
 namespace waveboost::cuda {
+
+/// Split-KV pieces per (sequence, kv head) at most: bounds the merge's reads per output row and
+/// its shared memory (a weight per piece and row).
+constexpr int kDecodeMaxSplits = 128;
 
 /// \brief Compile-time choices of the decode kernel.
 /// \tparam Element_  __half or __nv_bfloat16.
@@ -63,14 +69,23 @@ struct DecodeTraits {
   static_assert(kChunksPerRow >= 8 && kRowsPerCopyPass % 8 == 0, "swizzle period");
   static_assert(kBlockN % kRowsPerCopyPass == 0 && kBlockM % kRowsPerCopyPass == 0, "whole copy passes");
   static_assert(kEpilogueBytes <= kStages * 2 * kTileBytes, "the epilogue reuses the K/V stages");
+  // The in-kernel merge: a weight per (piece, row) and an LSE per row, over all of shared memory.
+  static constexpr int kMergeBytes = (kDecodeMaxSplits + 1) * kBlockM * 4;
+  static_assert(kMergeBytes <= kSmemBytes, "the merge reuses the whole of shared memory");
 };
 
 /// \brief Split-KV pieces of the decode kernel: with num_splits > 1, piece s of each block's keys
 /// goes to o_accum [s][b][i][h][d] (fp32, normalized) and lse_accum [s][b][h][i], with i < seqlen_q.
+/// With `arrivals` the kernel merges the pieces itself: arrivals holds one int32 counter per row
+/// tile of each (sequence, kv head), [b][h_kv][row tile], all 0 at launch (the launcher clears
+/// them in the kernel's stream); the piece that brings a counter to the number of pieces merges
+/// them into out. Without it every piece is written, empty ones as O = 0, LSE = -inf, and the
+/// caller runs core::combine.
 struct DecodeSplit {
   int num_splits = 1;
   float* o_accum = nullptr;
   float* lse_accum = nullptr;
+  int* arrivals = nullptr;
 };
 
 namespace decode {
@@ -109,6 +124,155 @@ __device__ __forceinline__ void copy_row_chunk(uint32_t smem_addr, const void* g
                : "memory");
 }
 
+// The in-kernel merge, O part: out = sum_s w[s][r] O_s for the live rows of the tile, four
+// columns (an "item") per thread. The loads of kItems items x kChunk pieces are issued before any
+// is used, so a thread pays one L2 round trip per kItems x kChunk pieces: measured on an H100, a
+// merge that waited on one round trip per 8 pieces and item cost 5-14 us of a decode step.
+template <typename Traits, int kItems, int kChunk>
+__device__ __forceinline__ void merge_columns(const AttentionParams& p, const DecodeSplit& split,
+                                              const core::SequenceInfo& seq, int64_t b, int64_t h_kv, int64_t row0,
+                                              int pieces, int live_rows, const float* weight, const float* row_lse) {
+  using Element = typename Traits::Element;
+  constexpr int D = Traits::kHeadDim;
+  constexpr int kQuads = D / 4;
+  const int64_t group = p.heads / p.heads_kv;
+  const int64_t piece_stride = p.batch * p.seqlen_q * p.heads * D;
+  const int items = live_rows * kQuads;
+  for (int base = threadIdx.x; base < items; base += kItems * Traits::kThreads) {
+    float4 acc[kItems];
+    const float* part[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int item = base + j * Traits::kThreads;
+      const int r = (item < items ? item : 0) / kQuads;
+      const int64_t row = row0 + r;
+      part[j] = split.o_accum + ((b * p.seqlen_q + row / group) * p.heads + h_kv * group + row % group) * D +
+                (item % kQuads) * 4;
+      acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int s0 = 0; s0 < pieces; s0 += kChunk) {
+      float w[kItems][kChunk];
+      float4 o[kItems][kChunk];
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+        const int item = base + j * Traits::kThreads;
+#pragma unroll
+        for (int u = 0; u < kChunk; ++u) {
+          // A piece of weight 0 (no key seen, or negligible) is not read: its O may be NaN.
+          w[j][u] = item < items && s0 + u < pieces ? weight[(s0 + u) * Traits::kBlockM + item / kQuads] : 0.f;
+          o[j][u] = w[j][u] != 0.f ? __ldcg(reinterpret_cast<const float4*>(part[j] + (s0 + u) * piece_stride))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+#pragma unroll
+        for (int u = 0; u < kChunk; ++u) {
+          acc[j].x += w[j][u] * o[j][u].x;
+          acc[j].y += w[j][u] * o[j][u].y;
+          acc[j].z += w[j][u] * o[j][u].z;
+          acc[j].w += w[j][u] * o[j][u].w;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int item = base + j * Traits::kThreads;
+      if (item >= items) continue;
+      const int r = item / kQuads;
+      const int64_t row = row0 + r;
+      if (isnan(row_lse[r])) acc[j] = make_float4(NAN, NAN, NAN, NAN);
+      Element* dst = static_cast<Element*>(p.out) + seq.o_offset(p, b, row / group, h_kv * group + row % group) +
+                     (item % kQuads) * 4;
+      *reinterpret_cast<uint2*>(dst) =
+          make_uint2(pack_pair<Element>(acc[j].x, acc[j].y), pack_pair<Element>(acc[j].z, acc[j].w));
+    }
+  }
+}
+
+// The merge of one row tile's pieces by the block that finished last, as core::combine does it:
+// per row, with piece LSEs l_s and L = log sum_s exp(l_s), out = sum_s exp(l_s - L) O_s and lse = L;
+// a piece with l_s = -inf is not read, a row whose pieces are all -inf is zeros with LSE -inf, and
+// a NaN LSE makes the row NaN. The pieces were just written, so they are read from L2 (ld.cg:
+// never a line this SM's L1 may hold from an earlier kernel).
+template <typename Traits>
+__device__ __forceinline__ void merge_pieces(const AttentionParams& p, const DecodeSplit& split,
+                                             const core::SequenceInfo& seq, int64_t b, int64_t h_kv, int64_t row0,
+                                             int64_t rows, int pieces, unsigned char* smem_raw) {
+  constexpr int kBlockM = Traits::kBlockM;
+  float* weight = reinterpret_cast<float*>(smem_raw);     // [piece][kBlockM]: the LSE, then exp(l_s - L)
+  float* row_lse = weight + kDecodeMaxSplits * kBlockM;  // [kBlockM]
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int64_t group = p.heads / p.heads_kv;
+  const int live_rows = static_cast<int>(rows - row0 < kBlockM ? rows - row0 : kBlockM);
+
+  // The pieces' LSEs of the live rows, four loads per thread in flight.
+  constexpr int kLseLoads = 4;
+  const int entries = pieces * live_rows;
+  for (int base = tid; base < entries; base += kLseLoads * Traits::kThreads) {
+    float l[kLseLoads];
+#pragma unroll
+    for (int u = 0; u < kLseLoads; ++u) {
+      const int e = base + u * Traits::kThreads;
+      const int s = e / live_rows;
+      const int64_t row = row0 + e % live_rows;
+      l[u] = e < entries ? __ldcg(split.lse_accum + ((s * p.batch + b) * p.heads + h_kv * group + row % group) *
+                                                        p.seqlen_q + row / group)
+                         : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kLseLoads; ++u) {
+      const int e = base + u * Traits::kThreads;
+      if (e < entries) weight[(e / live_rows) * kBlockM + e % live_rows] = l[u];
+    }
+  }
+  __syncthreads();
+
+  // A warp per row: L over the pieces (spread over the lanes), then each piece's weight.
+  for (int r = warp; r < live_rows; r += Traits::kWarps) {
+    float max_lse = -INFINITY;
+    bool nan = false;
+    for (int s = lane; s < pieces; s += 32) {
+      const float l = weight[s * kBlockM + r];
+      nan |= isnan(l);
+      max_lse = fmaxf(max_lse, l);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2)
+      max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
+    nan = __any_sync(0xffffffffu, nan);
+    const bool empty = nan || max_lse == -INFINITY;
+    float total = 0.f;
+    if (!empty) {
+      for (int s = lane; s < pieces; s += 32) total += expf(weight[s * kBlockM + r] - max_lse);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+    const float inv_total = empty ? 0.f : 1.f / total;
+    for (int s = lane; s < pieces; s += 32) {
+      float& w = weight[s * kBlockM + r];
+      w = empty ? 0.f : expf(w - max_lse) * inv_total;
+    }
+    if (lane == 0) row_lse[r] = nan ? NAN : (max_lse == -INFINITY ? -INFINITY : max_lse + logf(total));
+  }
+  __syncthreads();
+
+  // 16 loads in flight per thread: 2 items x 8 pieces or 1 x 16 (32 made ptxas spill at head dim 64).
+  if (pieces <= 8) {
+    merge_columns<Traits, 2, 8>(p, split, seq, b, h_kv, row0, pieces, live_rows, weight, row_lse);
+  } else {
+    merge_columns<Traits, 1, 16>(p, split, seq, b, h_kv, row0, pieces, live_rows, weight, row_lse);
+  }
+  if (p.lse != nullptr) {
+    for (int r = tid; r < live_rows; r += Traits::kThreads) {
+      const int64_t row = row0 + r;
+      p.lse[seq.lse_offset(p, b, row / group, h_kv * group + row % group)] = row_lse[r];
+    }
+  }
+}
+
 template <typename Traits>
 __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSplit& split) {
   using Element = typename Traits::Element;
@@ -140,10 +304,17 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   // Keys the block's rows see: the last row sees the most under the causal mask.
   const int64_t key_end = seq.keys_visible(last_row / group, causal);
   const int64_t key_tiles = (key_end + kBlockN - 1) / kBlockN;
-  const int64_t tiles_per_split = (key_tiles + split.num_splits - 1) / split.num_splits;
-  const int64_t tile_begin = split_index * tiles_per_split;
-  const int64_t tile_end = tile_begin + tiles_per_split < key_tiles ? tile_begin + tiles_per_split : key_tiles;
-  const int n_tiles = tile_end > tile_begin ? static_cast<int>(tile_end - tile_begin) : 0;
+  // The key tiles are dealt evenly over min(num_splits, key_tiles) pieces (one, empty, when no
+  // key is seen): pieces differ by one tile at most, and splits past them hold nothing.
+  const int pieces = static_cast<int>(key_tiles < split.num_splits ? (key_tiles > 0 ? key_tiles : 1)
+                                                                   : split.num_splits);
+  const bool merge_here = split.arrivals != nullptr;
+  if (merge_here && split_index >= pieces) return;  // nothing to read, nothing to merge
+  const int64_t tile_begin = split_index < pieces ? split_index * key_tiles / pieces : key_tiles;
+  const int64_t tile_end = split_index < pieces ? (split_index + 1) * key_tiles / pieces : key_tiles;
+  const int n_tiles = static_cast<int>(tile_end - tile_begin);
+  // A block that holds every key of its rows writes out directly; otherwise a piece.
+  const bool write_out = split.num_splits == 1 || (merge_here && pieces == 1);
   // Keys from which some row of the block needs a mask (the first row sees the fewest).
   const int64_t mask_from = seq.keys_visible(row0 / group, causal);
 
@@ -364,7 +535,7 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
     }
     const int64_t i = row / group;
     const int64_t h = h_kv * group + row % group;
-    if (split.num_splits > 1) {
+    if (!write_out) {
       float* dst = split.o_accum + (((split_index * p.batch + b) * p.seqlen_q + i) * p.heads + h) * D + c;
       *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
       *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
@@ -381,12 +552,28 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
     const float row_lse = merge_warps<Traits>(m_smem, l_smem, r).lse();
     const int64_t i = row / group;
     const int64_t h = h_kv * group + row % group;
-    if (split.num_splits > 1) {
+    if (!write_out) {
       split.lse_accum[((split_index * p.batch + b) * p.heads + h) * p.seqlen_q + i] = row_lse;
     } else if (p.lse != nullptr) {
       p.lse[seq.lse_offset(p, b, i, h)] = row_lse;
     }
   }
+  if (write_out || !merge_here) return;
+
+  // ---- Arrival: the last piece of this row tile to finish merges them all ----
+  // The block's piece stores are ordered before thread 0's fence by the barrier, and the fence
+  // before its count (release); the thread that sees the last count fences again (acquire) before
+  // the barrier that starts the merge: the pattern of cooperative groups' grid barrier.
+  __syncthreads();
+  bool last = false;
+  if (tid == 0) {
+    int* arrived = split.arrivals + (b * p.heads_kv + h_kv) * row_tiles + row_tile;
+    __threadfence();
+    last = atomicAdd(arrived, 1) == pieces - 1;
+    if (last) __threadfence();
+  }
+  if (!__syncthreads_or(last)) return;
+  merge_pieces<Traits>(p, split, seq, b, h_kv, row0, rows, pieces, smem_raw);
 }
 
 }  // namespace decode
@@ -403,7 +590,8 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const __grid_c
 }
 
 /// \brief Launches the decode kernel on `stream` (params.device_id current). With
-/// split.num_splits > 1 the pieces go to split's workspace; the caller combines them.
+/// split.num_splits > 1 the pieces go to split's workspace, merged by the kernel with
+/// split.arrivals, else by the caller.
 template <typename Element, int kHeadDim, int kBlockM>
 Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
   using Traits = DecodeTraits<Element, kHeadDim, kBlockM>;
