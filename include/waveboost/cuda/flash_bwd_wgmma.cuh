@@ -372,9 +372,10 @@ __global__ void __launch_bounds__(FlashBwdWgmmaTraits<Element, kHeadDim>::kThrea
 //     warpgroup takes 64 of the columns, at head_dim 64 one warpgroup takes the whole tile on
 //     alternate steps (the other goes on to its next step); so every dQ element of a step is
 //     added to the fp32 accumulator once per block instead of once per warpgroup. The sums go
-//     to a shared fp32 tile that a writer warp (warpgroup 2, warp 1) adds to the accumulator
-//     with bulk reductions (cp.reduce.async.bulk ... add.f32) while the consumers go on
-//     (kDqBulk), or the consumers add them by 16 B reductions themselves (!kDqBulk).
+//     to a shared fp32 tile (128 B-swizzled boxes of 32 columns) that a writer warp (warpgroup
+//     2, warp 1) adds to the accumulator with one tensor bulk reduction per box
+//     (cp.reduce.async.bulk.tensor ... add) while the consumers go on (kDqBulk), or the
+//     consumers add them by 16 B reductions themselves (!kDqBulk).
 // The dS^T tile is double-buffered: both warpgroups' rows must be in it before a dQ product
 // reads it, and a warpgroup writes step s + 1's rows while the other may still read step s's.
 //
@@ -399,9 +400,12 @@ struct FlashBwdWgmmaWsTraits : FlashBwdWgmmaTraits<Element_, kHeadDim_> {
   // head_dim 128: each warpgroup 64 dQ columns per step; head_dim 64: one warpgroup per step.
   static constexpr bool kDqSplitColumns = kHeadDim_ == 128;
   static constexpr int kDqWriters = kDqSplitColumns ? kConsumerThreads : 128;
-  // dQ tile rows padded by 32 B: the 8 rows of an accumulator store start 8 banks apart.
-  static constexpr int kDqRowBytes = (kHeadDim_ + 8) * 4;
-  static constexpr int kDqTileBytes = Base::kBlockM * kDqRowBytes;
+  // The dQ tile: kHeadDim / 32 boxes of kBlockM rows x 32 floats (128 B) in the 128 B swizzle,
+  // the boxes of the accumulator's tensor map (one bulk reduction each).
+  static constexpr int kDqBoxCols = 32;
+  static constexpr int kDqBoxes = kHeadDim_ / kDqBoxCols;
+  static constexpr int kDqBoxBytes = Base::kBlockM * kDqBoxCols * 4;
+  static constexpr int kDqTileBytes = kDqBoxes * kDqBoxBytes;
   static constexpr int kStepBytes = 2 * Base::kQTileBytes + 2 * Base::kVecBytes;  // one ring stage
   // K, V, Q[kStages], dO[kStages], dS^T[2], dQ, lse[kStages], D[kStages], barriers.
   static constexpr int kKOffset = 0;
@@ -416,7 +420,8 @@ struct FlashBwdWgmmaWsTraits : FlashBwdWgmmaTraits<Element_, kHeadDim_> {
   static constexpr int kBarrierBytes = (1 + 2 * kStages) * 8;  // kv_full, full[kStages], empty[kStages]
   static constexpr int kSmemBytes = kBarrierOffset + kBarrierBytes + Base::kAtomBytes;
   static constexpr int kPanels = kHeadDim_ / Base::kPanelCols;
-  static_assert(kDqTileBytes % 16 == 0 && kLseOffset % 16 == 0, "bulk copies: 16 B aligned");
+  static_assert(kDqOffset % 1024 == 0 && kDqBoxBytes % 1024 == 0, "swizzled boxes on 1024 B boundaries");
+  static_assert(kLseOffset % 16 == 0, "bulk copies: 16 B aligned");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
 
@@ -444,9 +449,11 @@ struct Smem {
 
 /// \brief The tensor maps of the producer's loads: Q and dO (head_dim, seqlen_q, heads, batch),
 /// K and V (head_dim, seqlen_k, heads_kv, batch); boxes of 64 columns x kBlockM (Q, dO) or
-/// kBlockN (K, V) rows in the 128 B swizzle.
+/// kBlockN (K, V) rows in the 128 B swizzle; and of the dQ writer's reductions: the fp32
+/// accumulator as (head_dim, batch * heads * m_pad rows), boxes of 32 columns x kBlockM rows in
+/// the 128 B swizzle.
 struct BackwardMaps {
-  CUtensorMap q, dout, k, v;
+  CUtensorMap q, dout, k, v, dq_accum;
 };
 
 // Producer: K and V, then for every step its Q, dO, lse and D rows into stage s % kStages
@@ -489,35 +496,38 @@ __device__ __forceinline__ void produce(const AttentionBackwardParams& p, const 
   }
 }
 
-// Writer warp: per step, once the dQ tile is complete, one bulk reduction per row (two rows per
-// lane) into the fp32 accumulator; the tile is released once they have read it.
+// Writer warp: per step, once the dQ tile is complete, one bulk reduction per box (issued by
+// lane 0) into the fp32 accumulator; the tile is released once they have read it.
 template <typename Traits>
 __device__ __forceinline__ void write_dq(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws,
-                                         const BackwardBlock& blk, const Smem<Traits>& sm, int lane) {
+                                         const BackwardMaps& maps, const BackwardBlock& blk, const Smem<Traits>& sm,
+                                         int lane) {
   constexpr int kThreads = 32 + Traits::kDqWriters;
   // The steps in order (query head by query head, the query blocks of each) on 32-bit counters
-  // (the launcher checks that steps fit), without the 64-bit divisions of BackwardBlock::head
-  // and m_block: this warp runs on few registers.
+  // (the launcher checks that steps and accumulator rows fit), without the 64-bit divisions of
+  // BackwardBlock::head and m_block: this warp runs on few registers.
   const int steps = static_cast<int>(blk.steps);
   const int m_count = static_cast<int>(blk.m_count);
-  const uint32_t tile = sm.dq_tile() + lane * Traits::kDqRowBytes;
-  float* head_dst = ws.dq_accum + (blk.workspace_row(p, ws.m_pad, blk.head(0), blk.m_begin * Traits::kBlockM) +
-                                   lane) * Traits::kHeadDim;
-  for (int s = 0; s < steps; head_dst += ws.m_pad * Traits::kHeadDim) {
-    float* dst = head_dst;
-    for (int m = 0; m < m_count; ++m, ++s, dst += Traits::kBlockM * Traits::kHeadDim) {
+  const int m_pad = static_cast<int>(ws.m_pad);
+  int head_row = static_cast<int>(blk.workspace_row(p, ws.m_pad, blk.head(0), blk.m_begin * Traits::kBlockM));
+  if (lane == 0) tma::prefetch_map(&maps.dq_accum);
+  for (int s = 0; s < steps; head_row += m_pad) {
+    int row = head_row;
+    for (int m = 0; m < m_count; ++m, ++s, row += Traits::kBlockM) {
       tma::named_barrier_sync(kDqFull, kThreads);
+      if (lane == 0) {
 #pragma unroll
-      for (int r = 0; r < Traits::kBlockM; r += 32) {
-        tma::reduce_add_bulk_f32(dst + r * Traits::kHeadDim, tile + r * Traits::kDqRowBytes, Traits::kHeadDim * 4);
+        for (int box = 0; box < Traits::kDqBoxes; ++box) {
+          tma::reduce_add_2d(&maps.dq_accum, sm.dq_tile() + box * Traits::kDqBoxBytes, box * Traits::kDqBoxCols, row);
+        }
+        tma::bulk_commit_group();
+        tma::bulk_wait_group_read<0>();
       }
-      tma::bulk_commit_group();
-      tma::bulk_wait_group_read<0>();
       __syncwarp();
       if (s + 1 < steps) tma::named_barrier_arrive(kDqEmpty, kThreads);
     }
   }
-  tma::bulk_wait_group<0>();
+  if (lane == 0) tma::bulk_wait_group<0>();
 }
 
 /// \brief One block: kBlockN keys of one (batch, kv head); warpgroups 0 and 1 compute,
@@ -542,7 +552,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     tma::barrier_init(sm.kv_full(), 1);
     for (int s = 0; s < kStages; ++s) {
       tma::barrier_init(sm.full(s), 1);
-      tma::barrier_init(sm.empty(s), Traits::kConsumerWarps);
+      tma::barrier_init(sm.empty(s), Traits::kConsumerThreads);
     }
     tma::fence_barrier_init();
   }
@@ -560,7 +570,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     if (warp == 0) {
       if (lane == 0 && steps > 0) produce<Traits>(p, ws, maps, blk, sm);
     } else if (warp == 1) {
-      if constexpr (kDqBulk) write_dq<Traits>(p, ws, blk, sm, lane);
+      if constexpr (kDqBulk) write_dq<Traits>(p, ws, maps, blk, sm, lane);
     }
     return;
   }
@@ -704,19 +714,24 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     wgmma::fence_operands(dst);
     wgmma::fence_operands(dv);
     wgmma::fence_operands(dk);
-    if (lane == 0) tma::arrive(sm.empty(stage));  // Q, dO, lse and D of stage read by this warp
+    // Q, dO (by this warpgroup's products) and lse, D (by this thread) of stage read: every
+    // consumer thread arrives, so that its own reads of lse and D are ordered before the reload.
+    tma::arrive(sm.empty(stage));
 
     if (dq_owner) {
       // Accumulator 4 i + 2 hh + e: query row warp * 16 + g + 8 hh, dim 64 dq_pass + 8 i + 2 t + e.
       if constexpr (kDqBulk) {
         if (s > 0) tma::named_barrier_sync(kDqEmpty, 32 + Traits::kDqWriters);  // step s - 1's tile read
-        const uint32_t tile = sm.dq_tile() + (warp * 16 + g) * Traits::kDqRowBytes + (64 * dq_pass + 2 * t) * 4;
+        // Column c = 64 dq_pass + 8 i + 2 t of row r = 16 warp + g + 8 hh (r % 8 = g): box c / 32,
+        // 16 B chunk (c % 32) / 4 = 2 (i % 4) + t / 2 stored at chunk ^ g, 8 B half t % 2.
+        const uint32_t tile = sm.dq_tile() + 2 * dq_pass * Traits::kDqBoxBytes + (warp * 16 + g) * 128 + 8 * (t % 2);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(tile + 8 * hh * Traits::kDqRowBytes + 32 * i),
-                         "f"(dq[4 * i + 2 * hh]), "f"(dq[4 * i + 2 * hh + 1])
+            const uint32_t addr = tile + (i / 4) * Traits::kDqBoxBytes + 8 * hh * 128 + (((2 * (i % 4) + t / 2) ^ g) * 16);
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[4 * i + 2 * hh]),
+                         "f"(dq[4 * i + 2 * hh + 1])
                          : "memory");
           }
         }

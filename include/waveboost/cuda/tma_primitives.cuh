@@ -96,6 +96,16 @@ __device__ __forceinline__ void reduce_add_bulk_f32(float* dst, uint32_t src, ui
                : "memory");
 }
 
+// Adds the box at coordinates (c0, c1) of a 2-D fp32 tensor map, read from shared memory at
+// `src` (in the map's swizzle), to global memory element by element, as one bulk reduction of
+// this thread's current bulk group.
+__device__ __forceinline__ void reduce_add_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+}
+
 // Closes this thread's current bulk group.
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 

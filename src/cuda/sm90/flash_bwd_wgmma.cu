@@ -2,11 +2,12 @@
 // around the wgmma main kernel, for fp16/bf16 x head_dim 64/128; entry points for
 // src/cuda/backward_launch.cu (compiled for every architecture).
 //
-// The main kernel is the warp-specialized one (TMA producer, dQ summed over the block and
-// added by bulk reductions) unless WAVEBOOST_WGMMA_BACKWARD says otherwise: "cp.async" selects
-// the kernel whose threads all copy behind a block barrier per step and add dQ per warpgroup,
-// "tma-red" the warp-specialized kernel with dQ added by the consumers' own 16 B reductions.
-// Where TMA cannot describe q, dout, k or v, the cp.async kernel runs.
+// The main kernel is the warp-specialized one (TMA producer, dQ summed over the block) with dQ
+// added by a writer warp's bulk reductions ("tma", the default at head_dim 128) or by the
+// consumers' own 16 B reductions ("tma-red", the default at head_dim 64);
+// WAVEBOOST_WGMMA_BACKWARD names one of them or "cp.async", the kernel whose threads all copy
+// behind a block barrier per step and add dQ per warpgroup. Where TMA cannot describe q, dout,
+// k, v or the dQ accumulator, the cp.async kernel runs.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -24,12 +25,14 @@ namespace {
 enum class BwdPipeline { kCpAsync, kTmaReduce, kTmaBulk };
 
 // Read at every call (a getenv beside three kernel launches), so that one process can time
-// the kernels against each other.
-BwdPipeline backward_pipeline() {
+// the kernels against each other. The default per head dim is the faster on an H100
+// (benchmarks/NOTES.md, "v2").
+BwdPipeline backward_pipeline(int64_t head_dim) {
   const char* v = std::getenv("WAVEBOOST_WGMMA_BACKWARD");
   if (v != nullptr && std::strcmp(v, "cp.async") == 0) return BwdPipeline::kCpAsync;
   if (v != nullptr && std::strcmp(v, "tma-red") == 0) return BwdPipeline::kTmaReduce;
-  return BwdPipeline::kTmaBulk;
+  if (v != nullptr && std::strcmp(v, "tma") == 0) return BwdPipeline::kTmaBulk;
+  return head_dim == 64 ? BwdPipeline::kTmaReduce : BwdPipeline::kTmaBulk;
 }
 
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -88,6 +91,20 @@ bool encode_rows_map(CUtensorMap* map, const void* base, int64_t head_dim, int64
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The 2-D map (head_dim, rows) of the fp32 dQ accumulator, boxes of 32 columns x box_rows rows
+// in the 128 B swizzle (the dQ tile of flash_bwd_wgmma_ws).
+bool encode_accumulator_map(CUtensorMap* map, float* base, int64_t head_dim, int64_t rows, int box_rows) {
+  const EncodeTiled encode = encode_tiled();
+  if (encode == nullptr || rows <= 0 || rows >= (int64_t{1} << 31)) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t global_strides[1] = {static_cast<cuuint64_t>(head_dim * sizeof(float))};
+  const cuuint32_t box[2] = {32, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, global_strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // The warp-specialized kernel; NotSupported (nothing launched) where TMA cannot describe an input.
 template <typename Element, int kHeadDim, bool kCausal>
 Status launch_main_ws(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, const dim3& grid, bool bulk,
@@ -106,8 +123,9 @@ Status launch_main_ws(const AttentionBackwardParams& p, const FlashBwdWorkspace&
       !encode_rows_map<Element>(&maps.k, p.k, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
                                 p.k_head_stride, p.k_batch_stride, Traits::kBlockN) ||
       !encode_rows_map<Element>(&maps.v, p.v, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
-                                p.v_head_stride, p.v_batch_stride, Traits::kBlockN)) {
-    return Status::NotSupported("TMA cannot describe q, dout, k or v");
+                                p.v_head_stride, p.v_batch_stride, Traits::kBlockN) ||
+      !encode_accumulator_map(&maps.dq_accum, ws.dq_accum, kHeadDim, p.batch * p.heads * ws.m_pad, Traits::kBlockM)) {
+    return Status::NotSupported("TMA cannot describe q, dout, k, v or the dQ accumulator");
   }
   const auto kernel = bulk ? flash_bwd_wgmma_ws_kernel<Element, kHeadDim, kCausal, true>
                            : flash_bwd_wgmma_ws_kernel<Element, kHeadDim, kCausal, false>;
@@ -122,9 +140,10 @@ Status launch_main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws
   dim3 grid;
   if (Status s = backward_grid(p, Traits::kBlockN, "wgmma", &grid); !s.ok()) return s;
   static_assert(FlashBwdWgmmaWsTraits<Element, kHeadDim>::kBlockN == Traits::kBlockN, "one grid for both kernels");
-  if (backward_pipeline() != BwdPipeline::kCpAsync) {
+  const BwdPipeline pipeline = backward_pipeline(kHeadDim);
+  if (pipeline != BwdPipeline::kCpAsync) {
     const Status ws_status =
-        launch_main_ws<Element, kHeadDim, kCausal>(p, ws, grid, backward_pipeline() == BwdPipeline::kTmaBulk, stream);
+        launch_main_ws<Element, kHeadDim, kCausal>(p, ws, grid, pipeline == BwdPipeline::kTmaBulk, stream);
     if (ws_status.code() != StatusCode::kNotSupported) return ws_status;
   }
   const auto kernel = flash_bwd_wgmma_kernel<Element, kHeadDim, kCausal>;
