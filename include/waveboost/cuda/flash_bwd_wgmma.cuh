@@ -18,6 +18,11 @@
 // Each warpgroup adds its own keys' share of dQ (no block barrier between the dS^T store and
 // the dQ product, only the warpgroup's named barrier). Tiles use the forward's 128 B-swizzled
 // panels (flash_wgmma.cuh), so its copy and descriptor helpers apply unchanged.
+//
+// That is the first kernel (flash_bwd_wgmma_kernel, WAVEBOOST_WGMMA_BACKWARD=cp.async). The
+// default is the warp-specialized one further down (flash_bwd_wgmma_ws_kernel): the same
+// products and tiles, with a TMA producer warp instead of the consumers' copies and block
+// barrier, and dQ computed once per block and added by a writer warp's bulk reductions.
 #pragma once
 
 #include <cstdint>

@@ -3,11 +3,10 @@
 // src/cuda/backward_launch.cu (compiled for every architecture).
 //
 // The main kernel is the warp-specialized one (TMA producer, dQ summed over the block) with dQ
-// added by a writer warp's bulk reductions ("tma", the default at head_dim 128) or by the
-// consumers' own 16 B reductions ("tma-red", the default at head_dim 64);
-// WAVEBOOST_WGMMA_BACKWARD names one of them or "cp.async", the kernel whose threads all copy
-// behind a block barrier per step and add dQ per warpgroup. Where TMA cannot describe q, dout,
-// k, v or the dQ accumulator, the cp.async kernel runs.
+// added by a writer warp's tensor bulk reductions ("tma", the default) or by the consumers' own
+// 16 B reductions ("tma-red"); WAVEBOOST_WGMMA_BACKWARD names one of them or "cp.async", the
+// kernel whose threads all copy behind a block barrier per step and add dQ per warpgroup. Where
+// TMA cannot describe q, dout, k, v or the dQ accumulator, the cp.async kernel runs.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -25,14 +24,13 @@ namespace {
 enum class BwdPipeline { kCpAsync, kTmaReduce, kTmaBulk };
 
 // Read at every call (a getenv beside three kernel launches), so that one process can time
-// the kernels against each other. The default per head dim is the faster on an H100
-// (benchmarks/NOTES.md, "v2").
-BwdPipeline backward_pipeline(int64_t head_dim) {
+// the kernels against each other. The default, "tma", is the fastest of the three at both head
+// dims on an H100 (benchmarks/NOTES.md, "v2").
+BwdPipeline backward_pipeline() {
   const char* v = std::getenv("WAVEBOOST_WGMMA_BACKWARD");
   if (v != nullptr && std::strcmp(v, "cp.async") == 0) return BwdPipeline::kCpAsync;
   if (v != nullptr && std::strcmp(v, "tma-red") == 0) return BwdPipeline::kTmaReduce;
-  if (v != nullptr && std::strcmp(v, "tma") == 0) return BwdPipeline::kTmaBulk;
-  return head_dim == 64 ? BwdPipeline::kTmaReduce : BwdPipeline::kTmaBulk;
+  return BwdPipeline::kTmaBulk;
 }
 
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -140,7 +138,7 @@ Status launch_main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws
   dim3 grid;
   if (Status s = backward_grid(p, Traits::kBlockN, "wgmma", &grid); !s.ok()) return s;
   static_assert(FlashBwdWgmmaWsTraits<Element, kHeadDim>::kBlockN == Traits::kBlockN, "one grid for both kernels");
-  const BwdPipeline pipeline = backward_pipeline(kHeadDim);
+  const BwdPipeline pipeline = backward_pipeline();
   if (pipeline != BwdPipeline::kCpAsync) {
     const Status ws_status =
         launch_main_ws<Element, kHeadDim, kCausal>(p, ws, grid, pipeline == BwdPipeline::kTmaBulk, stream);
