@@ -273,3 +273,17 @@ def test_auto_backward_on_hopper_is_wgmma():
     assert waveboost.resolve_backend(q64, k64, v64, causal=True, backward=True) == "mma"  # mma leads there
     grads = run_backward("auto", q, k, v, dout, True)
     check_grads(grads, q, k, v, dout, True, 1 / math.sqrt(128), "fp16")
+
+
+@pytest.mark.parametrize("pipeline", ["tma", "tma-red", "cp.async"])
+@pytest.mark.parametrize("dname,d", [("bf16", 64), ("fp16", 128), ("bf16", 128), ("fp16", 64)])
+def test_wgmma_main_kernels(monkeypatch, pipeline, dname, d):
+    """Each of the wgmma backward's main kernels (WAVEBOOST_WGMMA_BACKWARD, read at every call) on
+    tails, Lq != Lk both ways, GQA/MQA, many steps per key block, causal and not."""
+    skip_unless_runs("wgmma")
+    monkeypatch.setenv("WAVEBOOST_WGMMA_BACKWARD", pipeline)
+    for i, (b, lq, lk, hkv) in enumerate(((2, 300, 260, 2), (1, 97, 1025, 8), (3, 1025, 97, 1), (1, 700, 700, 4))):
+        q, k, v, dout = random_inputs(b, lq, lk, HEADS, hkv, d, DTYPES[dname], seed=100 * i + d)
+        for causal in (False, True):
+            grads = run_backward("wgmma", q, k, v, dout, causal)
+            check_grads(grads, q, k, v, dout, causal, 1 / math.sqrt(d), dname)

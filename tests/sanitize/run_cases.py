@@ -65,7 +65,7 @@ def cases():
     return out
 
 
-# Backward passes (naive, mma): (path, dtype name, shape, head_dim, causal, layout, deterministic, dlse).
+# Backward passes (naive, mma, wgmma): (path, dtype name, shape, head_dim, causal, layout, deterministic, dlse).
 BACKWARD_PATH_DTYPES = {"naive": ["fp16", "bf16", "fp32"], "mma": ["fp16", "bf16"]}
 
 
@@ -82,6 +82,15 @@ def backward_cases():
         out.append((path, "fp16", (2, 0, 40, 4, 2), 64, True, "contiguous", False, False))  # seqlen_q = 0
     out.append(("naive", "fp16", SHAPE_A, 80, True, "contiguous", False, True))
     out.append(("naive", "fp16", SHAPE_B, 64, False, "unaligned", False, False))
+    # wgmma (compute capability 9.0 only: skipped elsewhere; no deterministic mode): both head dims,
+    # causal and not, tails, GQA/MQA, rows that see no key, dlse, a BHSD view, and more steps per
+    # key block than the load ring has stages.
+    out += [("wgmma", "fp16", SHAPE_A, 64, True, "contiguous", False, False),
+            ("wgmma", "bf16", SHAPE_B, 128, True, "contiguous", False, True),
+            ("wgmma", "fp16", SHAPE_A, 128, False, "bhsd", False, True),
+            ("wgmma", "bf16", SHAPE_B, 64, False, "contiguous", False, False),
+            ("wgmma", "bf16", (2, 300, 260, 4, 2), 128, True, "contiguous", False, False),
+            ("wgmma", "fp16", (1, 300, 300, 8, 1), 64, False, "contiguous", False, True)]
     return out
 
 
@@ -206,9 +215,12 @@ def main():
     launched = 0
     for case in [] if serving_only else all_cases:
         launched += run(case, g)
-    for case in [] if serving_only else backward_cases():
+    bwd_cases = [] if serving_only else backward_cases()
+    if torch.cuda.get_device_capability() != (9, 0):
+        bwd_cases = [c for c in bwd_cases if c[0] != "wgmma"]
+    for case in bwd_cases:
         launched += run_backward(case, g)
-    all_cases = [] if serving_only else all_cases + backward_cases()
+    all_cases = ([] if serving_only else all_cases) + bwd_cases
     serving = serving_calls(g) if torch.cuda.get_device_capability() >= (8, 0) else []
     for name, call in serving:
         result = call()

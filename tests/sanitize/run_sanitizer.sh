@@ -37,7 +37,8 @@ fi
 } > "$SUMMARY"
 
 # The tools run side by side (each is its own process on the GPU); memcheck and racecheck run once
-# more with the wgmma path on its cp.async kernel (the default is the TMA pipeline).
+# more with the wgmma path (forward and backward) on its cp.async kernels (the default is the TMA
+# pipeline).
 status=0
 runs="memcheck racecheck initcheck synccheck memcheck:cp.async racecheck:cp.async"
 for run in $runs; do
@@ -46,7 +47,7 @@ for run in $runs; do
   (
     start=$(date +%s)
     # shellcheck disable=SC2086
-    WAVEBOOST_WGMMA_PIPELINE=$pipeline "$SANITIZER" --tool "$tool" --print-limit 50 \
+    WAVEBOOST_WGMMA_PIPELINE=$pipeline WAVEBOOST_WGMMA_BACKWARD=$pipeline "$SANITIZER" --tool "$tool" --print-limit 50 \
         --log-file "$LOG_DIR/$tool-$pipeline.log" ${SANITIZER_EXTRA:-} \
         "$PYTHON" tests/sanitize/run_cases.py > "$LOG_DIR/$tool-$pipeline.stdout" 2>&1
     echo "$? $(( $(date +%s) - start ))" > "$LOG_DIR/$tool-$pipeline.rc"

@@ -18,6 +18,11 @@
 // Each warpgroup adds its own keys' share of dQ (no block barrier between the dS^T store and
 // the dQ product, only the warpgroup's named barrier). Tiles use the forward's 128 B-swizzled
 // panels (flash_wgmma.cuh), so its copy and descriptor helpers apply unchanged.
+//
+// That is the first kernel (flash_bwd_wgmma_kernel, WAVEBOOST_WGMMA_BACKWARD=cp.async). The
+// default is the warp-specialized one further down (flash_bwd_wgmma_ws_kernel): the same
+// products and tiles, with a TMA producer warp instead of the consumers' copies and block
+// barrier, and dQ computed once per block and added by a writer warp's bulk reductions.
 #pragma once
 
 #include <cstdint>
@@ -358,6 +363,410 @@ template <typename Element, int kHeadDim, bool kCausal>
 __global__ void __launch_bounds__(FlashBwdWgmmaTraits<Element, kHeadDim>::kThreads, 1)
     flash_bwd_wgmma_kernel(const __grid_constant__ AttentionBackwardParams p, const FlashBwdWorkspace ws) {
   flash_bwd_wgmma::backward_block<FlashBwdWgmmaTraits<Element, kHeadDim>, kCausal>(p, ws);
+}
+
+
+// ---------------------------------------------------------------------------
+// The warp-specialized kernel (the default; WAVEBOOST_WGMMA_BACKWARD=cp.async selects the one
+// above): the same per-step products, with
+//   - a producer warp (warpgroup 2, warp 0) loading K and V once and, per step, Q and dO by
+//     TMA (128 B-swizzled boxes, the layout the descriptors above read; rows past the sequence
+//     arrive as zeros) and the lse / D rows by bulk copies, into a ring of kStages buffers
+//     behind "full" / "empty" mbarriers: no block barrier per step;
+//   - dQ of a step computed once per block over all kBlockN keys: at head_dim 128 each consumer
+//     warpgroup takes 64 of the columns, at head_dim 64 one warpgroup takes the whole tile on
+//     alternate steps (the other goes on to its next step); so every dQ element of a step is
+//     added to the fp32 accumulator once per block instead of once per warpgroup. The sums go
+//     to a shared fp32 tile (128 B-swizzled boxes of 32 columns) that a writer warp (warpgroup
+//     2, warp 1) adds to the accumulator with one tensor bulk reduction per box
+//     (cp.reduce.async.bulk.tensor ... add) while the consumers go on (kDqBulk), or the
+//     consumers add them by 16 B reductions themselves (!kDqBulk).
+// The dS^T tile is double-buffered: both warpgroups' rows must be in it before a dQ product
+// reads it, and a warpgroup writes step s + 1's rows while the other may still read step s's.
+//
+// Named barriers (0 is __syncthreads, used once before the roles part):
+//   1 + (s & 1)   dS^T of step s complete (the 256 consumer threads)
+//   3             the dQ tile of a step written (its writers arrive, the writer warp waits)
+//   4             the dQ tile read by the bulk reductions (the writer warp arrives, the next
+//                 step's writers wait)
+// ---------------------------------------------------------------------------
+
+/// \brief The wgmma backward traits plus the ring, the dQ tile and the thread roles.
+template <typename Element_, int kHeadDim_>
+struct FlashBwdWgmmaWsTraits : FlashBwdWgmmaTraits<Element_, kHeadDim_> {
+  using Base = FlashBwdWgmmaTraits<Element_, kHeadDim_>;
+  static constexpr int kStages = 2;
+  static constexpr int kConsumerThreads = Base::kThreads;  // warpgroups 0 and 1
+  static constexpr int kBlockThreads = kConsumerThreads + 128;
+  static constexpr int kConsumerWarps = kConsumerThreads / 32;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static_assert(kConsumerRegisters * kConsumerThreads + kProducerRegisters * 128 <= 65536, "register file");
+  // head_dim 128: each warpgroup 64 dQ columns per step; head_dim 64: one warpgroup per step.
+  static constexpr bool kDqSplitColumns = kHeadDim_ == 128;
+  static constexpr int kDqWriters = kDqSplitColumns ? kConsumerThreads : 128;
+  // The dQ tile: kHeadDim / 32 boxes of kBlockM rows x 32 floats (128 B) in the 128 B swizzle,
+  // the boxes of the accumulator's tensor map (one bulk reduction each).
+  static constexpr int kDqBoxCols = 32;
+  static constexpr int kDqBoxes = kHeadDim_ / kDqBoxCols;
+  static constexpr int kDqBoxBytes = Base::kBlockM * kDqBoxCols * 4;
+  static constexpr int kDqTileBytes = kDqBoxes * kDqBoxBytes;
+  static constexpr int kStepBytes = 2 * Base::kQTileBytes + 2 * Base::kVecBytes;  // one ring stage
+  // K, V, Q[kStages], dO[kStages], dS^T[2], dQ, lse[kStages], D[kStages], barriers.
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + Base::kKVTileBytes;
+  static constexpr int kQOffset = kVOffset + Base::kKVTileBytes;
+  static constexpr int kDoOffset = kQOffset + kStages * Base::kQTileBytes;
+  static constexpr int kDsOffset = kDoOffset + kStages * Base::kQTileBytes;
+  static constexpr int kDqOffset = kDsOffset + 2 * Base::kDsTileBytes;
+  static constexpr int kLseOffset = kDqOffset + kDqTileBytes;
+  static constexpr int kDOffset = kLseOffset + kStages * Base::kVecBytes;
+  static constexpr int kBarrierOffset = kDOffset + kStages * Base::kVecBytes;
+  static constexpr int kBarrierBytes = (1 + 2 * kStages) * 8;  // kv_full, full[kStages], empty[kStages]
+  static constexpr int kSmemBytes = kBarrierOffset + kBarrierBytes + Base::kAtomBytes;
+  static constexpr int kPanels = kHeadDim_ / Base::kPanelCols;
+  static_assert(kDqOffset % 1024 == 0 && kDqBoxBytes % 1024 == 0, "swizzled boxes on 1024 B boundaries");
+  static_assert(kLseOffset % 16 == 0, "bulk copies: 16 B aligned");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+};
+
+namespace flash_bwd_wgmma_ws {
+
+enum NamedBarrier : int { kDsFirst = 1, kDqFull = 3, kDqEmpty = 4 };
+
+template <typename Traits>
+struct Smem {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t k_tile() const { return base + Traits::kKOffset; }
+  __device__ __forceinline__ uint32_t v_tile() const { return base + Traits::kVOffset; }
+  __device__ __forceinline__ uint32_t q_tile(int stage) const { return base + Traits::kQOffset + stage * Traits::kQTileBytes; }
+  __device__ __forceinline__ uint32_t do_tile(int stage) const { return base + Traits::kDoOffset + stage * Traits::kQTileBytes; }
+  __device__ __forceinline__ uint32_t ds_tile(int buf) const { return base + Traits::kDsOffset + buf * Traits::kDsTileBytes; }
+  __device__ __forceinline__ uint32_t dq_tile() const { return base + Traits::kDqOffset; }
+  __device__ __forceinline__ uint32_t lse(int stage) const { return base + Traits::kLseOffset + stage * Traits::kVecBytes; }
+  __device__ __forceinline__ uint32_t d(int stage) const { return base + Traits::kDOffset + stage * Traits::kVecBytes; }
+  __device__ __forceinline__ uint32_t kv_full() const { return base + Traits::kBarrierOffset; }
+  __device__ __forceinline__ uint32_t full(int stage) const { return base + Traits::kBarrierOffset + 8 * (1 + stage); }
+  __device__ __forceinline__ uint32_t empty(int stage) const {
+    return base + Traits::kBarrierOffset + 8 * (1 + Traits::kStages + stage);
+  }
+};
+
+/// \brief The tensor maps of the producer's loads: Q and dO (head_dim, seqlen_q, heads, batch),
+/// K and V (head_dim, seqlen_k, heads_kv, batch); boxes of 64 columns x kBlockM (Q, dO) or
+/// kBlockN (K, V) rows in the 128 B swizzle; and of the dQ writer's reductions: the fp32
+/// accumulator as (head_dim, batch * heads * m_pad rows), boxes of 32 columns x kBlockM rows in
+/// the 128 B swizzle.
+struct BackwardMaps {
+  CUtensorMap q, dout, k, v, dq_accum;
+};
+
+// Producer: K and V, then for every step its Q, dO, lse and D rows into stage s % kStages
+// once the consumers have released that stage.
+template <typename Traits>
+__device__ __forceinline__ void produce(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws,
+                                        const BackwardMaps& maps, const BackwardBlock& blk, const Smem<Traits>& sm) {
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kRowBytes = Traits::kRowBytes;
+  tma::prefetch_map(&maps.q);
+  tma::prefetch_map(&maps.dout);
+  const int b = static_cast<int>(blk.b);
+  tma::arrive_expect_tx(sm.kv_full(), 2 * Traits::kKVTileBytes);
+#pragma unroll
+  for (int panel = 0; panel < Traits::kPanels; ++panel) {
+    const int n0 = static_cast<int>(blk.n0);
+    tma::load_4d(sm.k_tile() + panel * kBlockN * kRowBytes, &maps.k, sm.kv_full(), panel * Traits::kPanelCols, n0,
+                 static_cast<int>(blk.h_kv), b);
+    tma::load_4d(sm.v_tile() + panel * kBlockN * kRowBytes, &maps.v, sm.kv_full(), panel * Traits::kPanelCols, n0,
+                 static_cast<int>(blk.h_kv), b);
+  }
+  for (int64_t s = 0; s < blk.steps; ++s) {
+    const int stage = static_cast<int>(s % Traits::kStages);
+    const uint32_t phase = static_cast<uint32_t>((s / Traits::kStages) & 1);
+    tma::wait(sm.empty(stage), phase ^ 1);
+    tma::arrive_expect_tx(sm.full(stage), Traits::kStepBytes);
+    const int64_t h = blk.head(s);
+    const int64_t m0 = blk.m_block(s) * kBlockM;
+#pragma unroll
+    for (int panel = 0; panel < Traits::kPanels; ++panel) {
+      tma::load_4d(sm.q_tile(stage) + panel * kBlockM * kRowBytes, &maps.q, sm.full(stage), panel * Traits::kPanelCols,
+                   static_cast<int>(m0), static_cast<int>(h), b);
+      tma::load_4d(sm.do_tile(stage) + panel * kBlockM * kRowBytes, &maps.dout, sm.full(stage),
+                   panel * Traits::kPanelCols, static_cast<int>(m0), static_cast<int>(h), b);
+    }
+    const int64_t row0 = blk.workspace_row(p, ws.m_pad, h, m0);
+    tma::load_bulk(sm.lse(stage), ws.lse_log2 + row0, Traits::kVecBytes, sm.full(stage));
+    tma::load_bulk(sm.d(stage), ws.d_rows + row0, Traits::kVecBytes, sm.full(stage));
+  }
+}
+
+// Writer warp: per step, once the dQ tile is complete, one bulk reduction per box (issued by
+// lane 0) into the fp32 accumulator; the tile is released once they have read it.
+template <typename Traits>
+__device__ __forceinline__ void write_dq(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws,
+                                         const BackwardMaps& maps, const BackwardBlock& blk, const Smem<Traits>& sm,
+                                         int lane) {
+  constexpr int kThreads = 32 + Traits::kDqWriters;
+  // The steps in order (query head by query head, the query blocks of each) on 32-bit counters
+  // (the launcher checks that steps and accumulator rows fit), without the 64-bit divisions of
+  // BackwardBlock::head and m_block: this warp runs on few registers.
+  const int steps = static_cast<int>(blk.steps);
+  const int m_count = static_cast<int>(blk.m_count);
+  const int m_pad = static_cast<int>(ws.m_pad);
+  int head_row = static_cast<int>(blk.workspace_row(p, ws.m_pad, blk.head(0), blk.m_begin * Traits::kBlockM));
+  if (lane == 0) tma::prefetch_map(&maps.dq_accum);
+  for (int s = 0; s < steps; head_row += m_pad) {
+    int row = head_row;
+    for (int m = 0; m < m_count; ++m, ++s, row += Traits::kBlockM) {
+      tma::named_barrier_sync(kDqFull, kThreads);
+      if (lane == 0) {
+#pragma unroll
+        for (int box = 0; box < Traits::kDqBoxes; ++box) {
+          tma::reduce_add_2d(&maps.dq_accum, sm.dq_tile() + box * Traits::kDqBoxBytes, box * Traits::kDqBoxCols, row);
+        }
+        tma::bulk_commit_group();
+        tma::bulk_wait_group_read<0>();
+      }
+      __syncwarp();
+      if (s + 1 < steps) tma::named_barrier_arrive(kDqEmpty, kThreads);
+    }
+  }
+  if (lane == 0) tma::bulk_wait_group<0>();
+}
+
+/// \brief One block: kBlockN keys of one (batch, kv head); warpgroups 0 and 1 compute,
+/// warpgroup 2 loads (warp 0) and writes dQ (warp 1, kDqBulk).
+template <typename Traits, bool kCausal, bool kDqBulk>
+__device__ __forceinline__ void backward_block(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws,
+                                               const BackwardMaps& maps) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kRowBytes = Traits::kRowBytes;
+  constexpr int kStages = Traits::kStages;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t raw_address = mma::shared_address(smem_raw);
+  const uint32_t align_pad = (Traits::kAtomBytes - raw_address % Traits::kAtomBytes) % Traits::kAtomBytes;
+  unsigned char* const smem = smem_raw + align_pad;
+  const Smem<Traits> sm{raw_address + align_pad};
+
+  if (threadIdx.x == 0) {
+    tma::barrier_init(sm.kv_full(), 1);
+    for (int s = 0; s < kStages; ++s) {
+      tma::barrier_init(sm.full(s), 1);
+      tma::barrier_init(sm.empty(s), Traits::kConsumerThreads);
+    }
+    tma::fence_barrier_init();
+  }
+  __syncthreads();  // the only block-wide barrier: the roles part here
+
+  BackwardBlock blk;
+  if (!locate_backward_block<kCausal>(p, blockIdx.x, kBlockN, kBlockM, blk)) return;
+  const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
+
+  const int warpgroup = threadIdx.x / 128;
+  const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup
+  const int lane = threadIdx.x % 32;
+  if (warpgroup == Traits::kWarpgroups) {
+    tma::registers_shrink<Traits::kProducerRegisters>();
+    if (warp == 0) {
+      if (lane == 0 && steps > 0) produce<Traits>(p, ws, maps, blk, sm);
+    } else if (warp == 1) {
+      if constexpr (kDqBulk) write_dq<Traits>(p, ws, maps, blk, sm, lane);
+    }
+    return;
+  }
+  tma::registers_grow<Traits::kConsumerRegisters>();
+
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const float* lse_smem = reinterpret_cast<const float*>(smem + Traits::kLseOffset);
+  const float* d_smem = reinterpret_cast<const float*>(smem + Traits::kDOffset);
+
+  float dk[kHeadDim / 2];
+  float dv[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
+
+  const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
+  const int key_row = warpgroup * Traits::kKeysPerWarpgroup + warp * 16;  // this warp's 16 keys within the block
+  const uint32_t kv_a_rows = warpgroup * Traits::kKeysPerWarpgroup * kRowBytes;
+  const auto kmajor = [](uint32_t tile, int rows, int kk) {
+    return wgmma::descriptor_128b(tile + (kk / 4) * rows * kRowBytes + (kk % 4) * 32, 16, 8 * kRowBytes);
+  };
+  const uint64_t do_b = wgmma::descriptor_128b(sm.do_tile(0), kBlockM * kRowBytes, 8 * kRowBytes);
+  const uint64_t q_b = wgmma::descriptor_128b(sm.q_tile(0), kBlockM * kRowBytes, 8 * kRowBytes);
+  // dQ over all kBlockN keys: dS (MN-major, from the whole dS^T tile) times K (MN-major).
+  const uint64_t ds_a = wgmma::descriptor_128b(sm.ds_tile(0), kBlockN * kRowBytes, 8 * kRowBytes);
+  const uint64_t k_b = wgmma::descriptor_128b(sm.k_tile(), kBlockN * kRowBytes, 8 * kRowBytes);
+
+  if (steps > 0) tma::wait(sm.kv_full(), 0);
+
+  for (int64_t s = 0; s < steps; ++s) {
+    const int stage = static_cast<int>(s % kStages);
+    const int ds_buf = static_cast<int>(s & 1);
+    tma::wait(sm.full(stage), static_cast<uint32_t>((s / kStages) & 1));
+
+    const int64_t h = blk.head(s);
+    const int64_t m0 = blk.m_block(s) * kBlockM;
+    const float* lse_row = lse_smem + stage * kBlockM;
+    const float* d_row = d_smem + stage * kBlockM;
+    const uint32_t q_tile = sm.q_tile(stage);
+    const uint32_t do_tile = sm.do_tile(stage);
+
+    // S^T = K Q^T and dP^T = V dO^T (as the cp.async kernel).
+    float st[32];
+    float dpt[32];
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < Traits::kDimSlices; ++kk) {
+      if (kk == 0) {
+        wgmma::mma_m64n64k16_ss<Element, false>(st, kmajor(sm.k_tile() + kv_a_rows, kBlockN, kk), kmajor(q_tile, kBlockM, kk));
+      } else {
+        wgmma::mma_m64n64k16_ss<Element, true>(st, kmajor(sm.k_tile() + kv_a_rows, kBlockN, kk), kmajor(q_tile, kBlockM, kk));
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < Traits::kDimSlices; ++kk) {
+      if (kk == 0) {
+        wgmma::mma_m64n64k16_ss<Element, false>(dpt, kmajor(sm.v_tile() + kv_a_rows, kBlockN, kk), kmajor(do_tile, kBlockM, kk));
+      } else {
+        wgmma::mma_m64n64k16_ss<Element, true>(dpt, kmajor(sm.v_tile() + kv_a_rows, kBlockN, kk), kmajor(do_tile, kBlockM, kk));
+      }
+    }
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(st);
+    wgmma::fence_operands(dpt);
+
+    const bool masked = backward_tile_masked<kCausal>(p, blk, kBlockN, m0);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int col = 8 * i + 2 * t + (j % 2);
+        const float prob = backward_probability<kCausal>(st[4 * i + j], scale_log2, lse_row[col], masked,
+                                                         n0 + key_row + g + 8 * (j / 2), m0 + col, p, causal_offset);
+        st[4 * i + j] = prob;
+        dpt[4 * i + j] = prob * (dpt[4 * i + j] - d_row[col]);
+      }
+    }
+    uint32_t pt[Traits::kQuerySlices][4];
+    uint32_t dst[Traits::kQuerySlices][4];
+    flash_bwd_wgmma::pack_a<Element, Traits::kQuerySlices>(st, pt);
+    flash_bwd_wgmma::pack_a<Element, Traits::kQuerySlices>(dpt, dst);
+
+    // dV += P^T dO, dK += dS^T Q.
+    wgmma::fence_operands(dv);
+    wgmma::fence_operands(dk);
+    wgmma::fence_operands(pt);
+    wgmma::fence_operands(dst);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
+      wgmma::mma_m64nNk16_rs_tb<Element, kHeadDim>(
+          dv, pt[ks], wgmma::advance(do_b, stage * Traits::kQTileBytes + ks * 16 * kRowBytes));
+    }
+#pragma unroll
+    for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
+      wgmma::mma_m64nNk16_rs_tb<Element, kHeadDim>(
+          dk, dst[ks], wgmma::advance(q_b, stage * Traits::kQTileBytes + ks * 16 * kRowBytes));
+    }
+    wgmma::commit_group();
+
+    // dS^T rows of this warpgroup to buffer s & 1 (the layout of the cp.async kernel).
+    const uint32_t ds_tile = sm.ds_tile(ds_buf);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = key_row + g + 8 * hh;
+        const uint32_t addr = ds_tile + row * kRowBytes + ((i ^ (row % 8)) * 16) + 4 * t;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dst[i / 2][2 * (i % 2) + hh]) : "memory");
+      }
+    }
+    wgmma::fence_proxy_async();
+    // Which dQ columns this warpgroup computes in step s: 64 of them (pass dq_pass), or none.
+    const bool dq_owner = Traits::kDqSplitColumns || ds_buf == warpgroup;
+    const int dq_pass = Traits::kDqSplitColumns ? warpgroup : 0;
+    if (dq_owner) {
+      tma::named_barrier_sync(kDsFirst + ds_buf, Traits::kConsumerThreads);  // both warpgroups' dS^T rows
+    } else {
+      tma::named_barrier_arrive(kDsFirst + ds_buf, Traits::kConsumerThreads);
+    }
+
+    float dq[32];
+    if (dq_owner) {
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < kBlockN / 16; ++ks) {
+        const uint64_t a = wgmma::advance(ds_a, ds_buf * Traits::kDsTileBytes + ks * 16 * kRowBytes);
+        const uint64_t bk = wgmma::advance(k_b, dq_pass * kBlockN * kRowBytes + ks * 16 * kRowBytes);
+        if (ks == 0) {
+          wgmma::mma_m64n64k16_ss_tt<Element, false>(dq, a, bk);
+        } else {
+          wgmma::mma_m64n64k16_ss_tt<Element, true>(dq, a, bk);
+        }
+      }
+      wgmma::commit_group();
+    }
+    wgmma::wait_group<0>();  // dV, dK (and dQ): Q, dO of this stage read
+    if (dq_owner) wgmma::fence_operands(dq);
+    wgmma::fence_operands(pt);
+    wgmma::fence_operands(dst);
+    wgmma::fence_operands(dv);
+    wgmma::fence_operands(dk);
+    // Q, dO (by this warpgroup's products) and lse, D (by this thread) of stage read: every
+    // consumer thread arrives, so that its own reads of lse and D are ordered before the reload.
+    tma::arrive(sm.empty(stage));
+
+    if (dq_owner) {
+      // Accumulator 4 i + 2 hh + e: query row warp * 16 + g + 8 hh, dim 64 dq_pass + 8 i + 2 t + e.
+      if constexpr (kDqBulk) {
+        if (s > 0) tma::named_barrier_sync(kDqEmpty, 32 + Traits::kDqWriters);  // step s - 1's tile read
+        // Column c = 64 dq_pass + 8 i + 2 t of row r = 16 warp + g + 8 hh (r % 8 = g): box c / 32,
+        // 16 B chunk (c % 32) / 4 = 2 (i % 4) + t / 2 stored at chunk ^ g, 8 B half t % 2.
+        const uint32_t tile = sm.dq_tile() + 2 * dq_pass * Traits::kDqBoxBytes + (warp * 16 + g) * 128 + 8 * (t % 2);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const uint32_t addr = tile + (i / 4) * Traits::kDqBoxBytes + 8 * hh * 128 + (((2 * (i % 4) + t / 2) ^ g) * 16);
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[4 * i + 2 * hh]),
+                         "f"(dq[4 * i + 2 * hh + 1])
+                         : "memory");
+          }
+        }
+        wgmma::fence_proxy_async();
+        tma::named_barrier_arrive(kDqFull, 32 + Traits::kDqWriters);
+      } else {
+        float* dq_rows = ws.dq_accum + (blk.workspace_row(p, ws.m_pad, h, m0) + warp * 16) * kHeadDim;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const DqQuad quad = dq_quad(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3], g, t);
+          reduce_add_16B(reinterpret_cast<float4*>(dq_rows + quad.row * kHeadDim + 64 * dq_pass + 8 * i + quad.col),
+                         quad.sum);
+        }
+      }
+    }
+  }
+
+  store_key_rows<Element, kHeadDim / 8>(p, blk, n0 + key_row, g, t, [&](int i, int j) { return dk[4 * i + j]; },
+                                        [&](int i, int j) { return dv[4 * i + j]; });
+}
+
+}  // namespace flash_bwd_wgmma_ws
+
+/// \brief The warp-specialized wgmma backward kernel; grid as flash_bwd_wgmma_kernel's, three
+/// warpgroups per block.
+template <typename Element, int kHeadDim, bool kCausal, bool kDqBulk>
+__global__ void __launch_bounds__(FlashBwdWgmmaWsTraits<Element, kHeadDim>::kBlockThreads, 1)
+    flash_bwd_wgmma_ws_kernel(const __grid_constant__ AttentionBackwardParams p, const FlashBwdWorkspace ws,
+                              const __grid_constant__ flash_bwd_wgmma_ws::BackwardMaps maps) {
+  flash_bwd_wgmma_ws::backward_block<FlashBwdWgmmaWsTraits<Element, kHeadDim>, kCausal, kDqBulk>(p, ws, maps);
 }
 
 }  // namespace waveboost::cuda
