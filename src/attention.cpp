@@ -418,10 +418,10 @@ Status validate(const AttentionBackwardParams& p) {
 
 Backend select_backend(const AttentionBackwardParams& p) {
   if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
-  // Hopper: the wgmma backward is faster than mma's except at head dim 64 under a causal mask
-  // (benchmarks/results/*-20261123/backward-wgmma/ and peers-same-run/).
-  const bool wgmma_wins = !(p.head_dim == 64 && p.is_causal);
-  if (wgmma_wins && can_implement(p, Backend::kWgmma).ok()) return Backend::kWgmma;
+  // Hopper: the wgmma backward (its TMA kernel) is faster than mma's in every cell measured
+  // (benchmarks/results/*-20261123/backward-wgmma-v2/ and peers-same-run/); it refuses
+  // deterministic=True, which mma runs.
+  if (can_implement(p, Backend::kWgmma).ok()) return Backend::kWgmma;
   if (can_implement(p, Backend::kMma).ok()) return Backend::kMma;
   return Backend::kNaive;
 }

@@ -1,6 +1,6 @@
 // Backward passes of the CUDA paths: can_implement, workspaces and the launches of
-// include/waveboost/cuda/naive_backward.cuh, flash_bwd_mma.cuh (through the kernel registry) and
-// (sm_90a objects in src/cuda/sm90/) flash_bwd_wgmma.cuh.
+// include/waveboost/cuda/naive_backward.cuh, and of flash_bwd_mma.cuh and (sm_90a objects)
+// flash_bwd_wgmma.cuh through the kernel registry.
 #include <string>
 
 #include "cuda_paths.h"
@@ -82,38 +82,6 @@ Status naive_backward(const AttentionBackwardParams& p, void* stream) {
 // mma
 // ---------------------------------------------------------------------------
 
-// The checks the flash backwards share: CUDA tensors, fp16/bf16, head_dim 64 or 128, 16 B pieces.
-Status flash_backward_checks(const AttentionBackwardParams& p, const std::string& backend) {
-  if (p.device_type != DeviceType::kCUDA) {
-    return Status::NotSupported("backend '" + backend + "' runs on CUDA devices; got tensors on the CPU");
-  }
-  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) {
-    return Status::NotSupported("backend '" + backend + "' (backward) supports float16 and bfloat16; got " +
-                                dtype_name(p.dtype));
-  }
-  if (p.head_dim != 64 && p.head_dim != 128) {
-    return Status::NotSupported("backend '" + backend + "' (backward) supports head_dim 64 and 128; got " +
-                                std::to_string(p.head_dim));
-  }
-  if (!vector_friendly(p, 8) || !gradients_vector_friendly(p, 8)) {
-    return Status::NotSupported("backend '" + backend + "' (backward) needs 16-byte aligned q/k/v/out/dout/dq/dk/dv "
-                                "with strides that are multiples of 8 elements");
-  }
-  return Status::Ok();
-}
-
-// Ok, or why a block of smem_bytes of shared memory does not fit device p.device_id.
-Status backward_smem_fits(const AttentionBackwardParams& p, const std::string& backend, int smem_bytes) {
-  int smem_optin = 0;
-  if (Status s = max_shared_memory_per_block(p.device_id, &smem_optin); !s.ok()) return s;
-  if (smem_bytes > smem_optin) {
-    return Status::NotSupported("backend '" + backend + "' (backward) needs " + std::to_string(smem_bytes) +
-                                " bytes of shared memory per block for head_dim " + std::to_string(p.head_dim) +
-                                "; device " + std::to_string(p.device_id) + " allows " + std::to_string(smem_optin));
-  }
-  return Status::Ok();
-}
-
 Status mma_can_implement_backward(const AttentionBackwardParams& p) {
   const KernelRecord* kernel = nullptr;
   if (Status s = check_kernel(p, Backend::kMma, &kernel); !s.ok()) return s;
@@ -157,28 +125,23 @@ Status mma_backward(const AttentionBackwardParams& p, void* stream) {
 
 #ifdef WAVEBOOST_WITH_SM90A
 // Defined in src/cuda/sm90/flash_bwd_wgmma.cu.
-Status launch_flash_bwd_wgmma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream);
-int flash_bwd_wgmma_smem_bytes(int64_t head_dim);
 int64_t flash_bwd_wgmma_block_n();
 
 Status wgmma_can_implement_backward(const AttentionBackwardParams& p) {
-  if (Status s = flash_backward_checks(p, "wgmma"); !s.ok()) return s;
+  const KernelRecord* kernel = nullptr;
+  if (Status s = check_kernel(p, Backend::kWgmma, &kernel); !s.ok()) return s;
   if (p.deterministic) {
     return Status::NotSupported("backend 'wgmma' (backward) adds dQ with atomics: deterministic=True runs on 'mma'");
   }
-  int cc = 0;
-  if (Status s = compute_capability(p.device_id, &cc); !s.ok()) return s;
-  if (cc != 90) {
-    return Status::NotSupported("backend 'wgmma' runs on compute capability 9.0 (Hopper) only; device " +
-                                std::to_string(p.device_id) + " has " + cc_string(cc));
-  }
   dim3 grid;
-  if (Status s = backward_grid(p, flash_bwd_wgmma_block_n(), "wgmma", &grid); !s.ok()) return s;
-  return backward_smem_fits(p, "wgmma", flash_bwd_wgmma_smem_bytes(p.head_dim));
+  return backward_grid(p, flash_bwd_wgmma_block_n(), "wgmma", &grid);
 }
 
 Status wgmma_backward(const AttentionBackwardParams& p, void* stream) {
-  return run_flash_backward(p, stream, "wgmma backward workspace", launch_flash_bwd_wgmma);
+  return run_flash_backward(p, stream, "wgmma backward workspace",
+                            [](const AttentionBackwardParams& q, void* ws, cudaStream_t s) {
+                              return run_backward(Backend::kWgmma, q, ws, s);
+                            });
 }
 
 #else  // no sm_90a objects in this build

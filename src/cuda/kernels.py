@@ -116,6 +116,12 @@ FAMILIES = {
         launch="launch_flash_bwd_mma<{T}, {D}>(p, workspace, stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),
         smem="flash_bwd_mma_smem_bytes({D})", min_cc=80, vector_elements={"fp16": 8, "bf16": 8},
         note="FlashAttention-2's backward on mma.sync; deterministic dQ order on request"),
+    "bwd_wgmma": Family(
+        backend="wgmma", passes="backward", header="waveboost/cuda/flash_bwd_wgmma.cuh",
+        launch="launch_flash_bwd_wgmma<{T}, {D}>(p, workspace, stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),
+        smem="flash_bwd_wgmma_smem_bytes<{T}, {D}>()", min_cc=90, max_cc=90, vector_elements={"fp16": 8, "bf16": 8},
+        sm90a=True,
+        note="a TMA producer warp, dQ once per block added by a writer warp; cp.async fallback"),
 }
 
 

@@ -151,6 +151,109 @@ __device__ __forceinline__ void pack_a(const float (&acc)[kSlices * 8], uint32_t
 }
 
 /// \brief One block: kBlockN keys of one (batch, kv head).
+// ---- The per-step pieces both main kernels run (a warpgroup's 64 keys x kBlockM queries) ----
+
+/// \brief S^T = K Q^T and dP^T = V dO^T, waited for. k_rows / v_rows: the warpgroup's K and V
+/// rows in shared memory; q_tile / do_tile: the step's Q and dO. Accumulator 4 i + 2 hh + e: key
+/// key_row + g + 8 hh, query m0 + 8 i + 2 t + e.
+template <typename Traits>
+__device__ __forceinline__ void transposed_scores(float (&st)[32], float (&dpt)[32], uint32_t k_rows, uint32_t v_rows,
+                                                  uint32_t q_tile, uint32_t do_tile) {
+  using Element = typename Traits::Element;
+  constexpr int kRowBytes = Traits::kRowBytes;
+  // K-major operands (K and V rows as A; Q and dO rows as B): 8-row groups 1024 B apart; k16
+  // slice kk sits in panel kk / 4, 32 B * (kk % 4) into each row.
+  const auto kmajor = [](uint32_t tile, int rows, int kk) {
+    return wgmma::descriptor_128b(tile + (kk / 4) * rows * kRowBytes + (kk % 4) * 32, 16, 8 * kRowBytes);
+  };
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < Traits::kDimSlices; ++kk) {
+    if (kk == 0) {
+      wgmma::mma_m64n64k16_ss<Element, false>(st, kmajor(k_rows, Traits::kBlockN, kk), kmajor(q_tile, Traits::kBlockM, kk));
+    } else {
+      wgmma::mma_m64n64k16_ss<Element, true>(st, kmajor(k_rows, Traits::kBlockN, kk), kmajor(q_tile, Traits::kBlockM, kk));
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < Traits::kDimSlices; ++kk) {
+    if (kk == 0) {
+      wgmma::mma_m64n64k16_ss<Element, false>(dpt, kmajor(v_rows, Traits::kBlockN, kk), kmajor(do_tile, Traits::kBlockM, kk));
+    } else {
+      wgmma::mma_m64n64k16_ss<Element, true>(dpt, kmajor(v_rows, Traits::kBlockN, kk), kmajor(do_tile, Traits::kBlockM, kk));
+    }
+  }
+  wgmma::commit_group();
+  wgmma::wait_group<0>();
+  wgmma::fence_operands(st);
+  wgmma::fence_operands(dpt);
+}
+
+/// \brief P^T in place of S^T (masked, core/backward.cuh's backward_probability) and dS^T =
+/// P^T * (dP^T - D) in place of dP^T, for the step's query block at m0.
+template <typename Traits, bool kCausal>
+__device__ __forceinline__ void probabilities_and_ds(float (&st)[32], float (&dpt)[32], const AttentionBackwardParams& p,
+                                                     const BackwardBlock& blk, int64_t m0, int key_row, int g, int t,
+                                                     float scale_log2, const float* lse_row, const float* d_row) {
+  const bool masked = backward_tile_masked<kCausal>(p, blk, Traits::kBlockN, m0);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int col = 8 * i + 2 * t + (j % 2);
+      const float prob = backward_probability<kCausal>(st[4 * i + j], scale_log2, lse_row[col], masked,
+                                                       blk.n0 + key_row + g + 8 * (j / 2), m0 + col, p,
+                                                       blk.causal_offset);
+      st[4 * i + j] = prob;
+      dpt[4 * i + j] = prob * (dpt[4 * i + j] - d_row[col]);
+    }
+  }
+}
+
+/// \brief Issues dV += P^T dO and dK += dS^T Q (committed, not waited for); do_b / q_b: MN-major
+/// descriptors of the first Q / dO buffer, stage_bytes: the step's buffer offset.
+template <typename Traits>
+__device__ __forceinline__ void issue_dv_dk(float (&dv)[Traits::kHeadDim / 2], float (&dk)[Traits::kHeadDim / 2],
+                                            uint32_t (&pt)[Traits::kQuerySlices][4],
+                                            uint32_t (&dst)[Traits::kQuerySlices][4], uint64_t do_b, uint64_t q_b,
+                                            uint32_t stage_bytes) {
+  using Element = typename Traits::Element;
+  wgmma::fence_operands(dv);
+  wgmma::fence_operands(dk);
+  wgmma::fence_operands(pt);
+  wgmma::fence_operands(dst);
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
+    wgmma::mma_m64nNk16_rs_tb<Element, Traits::kHeadDim>(
+        dv, pt[ks], wgmma::advance(do_b, stage_bytes + ks * 16 * Traits::kRowBytes));
+  }
+#pragma unroll
+  for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
+    wgmma::mma_m64nNk16_rs_tb<Element, Traits::kHeadDim>(
+        dk, dst[ks], wgmma::advance(q_b, stage_bytes + ks * 16 * Traits::kRowBytes));
+  }
+  wgmma::commit_group();
+}
+
+/// \brief This warp's dS^T rows to shared memory, [key][query], one 128 B row per key, 16 B
+/// chunks swizzled by row: accumulator group i (queries 8 i .. 8 i + 7) is chunk i; this
+/// thread's pair is 4 t into it. Followed by the async-proxy fence (wgmma reads the tile).
+template <typename Traits>
+__device__ __forceinline__ void store_ds_rows(uint32_t ds_tile, const uint32_t (&dst)[Traits::kQuerySlices][4],
+                                              int key_row, int g, int t) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = key_row + g + 8 * hh;
+      const uint32_t addr = ds_tile + row * Traits::kRowBytes + ((i ^ (row % 8)) * 16) + 4 * t;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dst[i / 2][2 * (i % 2) + hh]) : "memory");
+    }
+  }
+  wgmma::fence_proxy_async();
+}
+
 template <typename Traits, bool kCausal>
 __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws) {
   using Element = typename Traits::Element;
@@ -178,7 +281,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 
   BackwardBlock blk;
   if (!locate_backward_block<kCausal>(p, blockIdx.x, kBlockN, kBlockM, blk)) return;
-  const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
+  const int64_t n0 = blk.n0, steps = blk.steps;
 
   const Element* k = blk.k_rows<Element>(p);
   const Element* v = blk.v_rows<Element>(p);
@@ -211,12 +314,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   const int key_row = warpgroup * Traits::kKeysPerWarpgroup + warp * 16;  // this warp's 16 keys within the block
 
-  // K-major operands (K and V rows of this warpgroup as A; Q and dO rows as B): 8-row groups
-  // 1024 B apart; k16 slice kk sits in panel kk / 4, 32 B * (kk % 4) into each row.
+  // This warpgroup's K and V rows (the A operands of S^T and dP^T; transposed_scores).
   const uint32_t kv_a_rows = warpgroup * Traits::kKeysPerWarpgroup * kRowBytes;
-  const auto kmajor = [](uint32_t tile, int rows, int kk) {
-    return wgmma::descriptor_128b(tile + (kk / 4) * rows * kRowBytes + (kk % 4) * 32, 16, 8 * kRowBytes);
-  };
   // MN-major operands (dO and Q as the B of dV and dK, K as the B of dQ, dS^T as the A of dQ):
   // groups of 8 k rows 1024 B apart, 64-column panels rows * 128 B apart.
   const uint64_t do_b = wgmma::descriptor_128b(base + Traits::kDoOffset, kBlockM * kRowBytes, 8 * kRowBytes);
@@ -239,80 +338,20 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     const uint32_t q_tile = base + Traits::kQOffset + buf * Traits::kQTileBytes;
     const uint32_t do_tile = base + Traits::kDoOffset + buf * Traits::kQTileBytes;
 
-    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x kBlockM queries.
-    // Accumulator 4 i + 2 hh + e: key key_row + g + 8 hh, query m0 + 8 i + 2 t + e.
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x kBlockM queries, then P^T and
+    // dS^T in their place.
     float st[32];
     float dpt[32];
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < Traits::kDimSlices; ++kk) {
-      if (kk == 0) {
-        wgmma::mma_m64n64k16_ss<Element, false>(st, kmajor(k_tile + kv_a_rows, kBlockN, kk), kmajor(q_tile, kBlockM, kk));
-      } else {
-        wgmma::mma_m64n64k16_ss<Element, true>(st, kmajor(k_tile + kv_a_rows, kBlockN, kk), kmajor(q_tile, kBlockM, kk));
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < Traits::kDimSlices; ++kk) {
-      if (kk == 0) {
-        wgmma::mma_m64n64k16_ss<Element, false>(dpt, kmajor(v_tile + kv_a_rows, kBlockN, kk), kmajor(do_tile, kBlockM, kk));
-      } else {
-        wgmma::mma_m64n64k16_ss<Element, true>(dpt, kmajor(v_tile + kv_a_rows, kBlockN, kk), kmajor(do_tile, kBlockM, kk));
-      }
-    }
-    wgmma::commit_group();
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(st);
-    wgmma::fence_operands(dpt);
-
-    // P^T in place, then dS^T.
-    const bool masked = backward_tile_masked<kCausal>(p, blk, kBlockN, m0);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int col = 8 * i + 2 * t + (j % 2);
-        const float prob = backward_probability<kCausal>(st[4 * i + j], scale_log2, lse_row[col], masked,
-                                                         n0 + key_row + g + 8 * (j / 2), m0 + col, p, causal_offset);
-        st[4 * i + j] = prob;
-        dpt[4 * i + j] = prob * (dpt[4 * i + j] - d_row[col]);
-      }
-    }
+    transposed_scores<Traits>(st, dpt, k_tile + kv_a_rows, v_tile + kv_a_rows, q_tile, do_tile);
+    probabilities_and_ds<Traits, kCausal>(st, dpt, p, blk, m0, key_row, g, t, scale_log2, lse_row, d_row);
     uint32_t pt[Traits::kQuerySlices][4];
     uint32_t dst[Traits::kQuerySlices][4];
     pack_a<Element, Traits::kQuerySlices>(st, pt);
     pack_a<Element, Traits::kQuerySlices>(dpt, dst);
 
     // dV += P^T dO, dK += dS^T Q (issued; they run while dS^T goes to shared memory).
-    wgmma::fence_operands(dv);
-    wgmma::fence_operands(dk);
-    wgmma::fence_operands(pt);
-    wgmma::fence_operands(dst);
-    wgmma::fence();
-#pragma unroll
-    for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
-      wgmma::mma_m64nNk16_rs_tb<Element, kHeadDim>(
-          dv, pt[ks], wgmma::advance(do_b, buf * Traits::kQTileBytes + ks * 16 * kRowBytes));
-    }
-#pragma unroll
-    for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
-      wgmma::mma_m64nNk16_rs_tb<Element, kHeadDim>(
-          dk, dst[ks], wgmma::advance(q_b, buf * Traits::kQTileBytes + ks * 16 * kRowBytes));
-    }
-    wgmma::commit_group();
-
-    // dS^T to shared memory, [key][query], one 128 B row per key, 16 B chunks swizzled by row:
-    // accumulator group i (queries 8 i .. 8 i + 7) is chunk i; this thread's pair is 4 t into it.
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = key_row + g + 8 * hh;
-        const uint32_t addr = ds_tile + row * kRowBytes + ((i ^ (row % 8)) * 16) + 4 * t;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dst[i / 2][2 * (i % 2) + hh]) : "memory");
-      }
-    }
-    wgmma::fence_proxy_async();
+    issue_dv_dk<Traits>(dv, dk, pt, dst, do_b, q_b, buf * Traits::kQTileBytes);
+    store_ds_rows<Traits>(ds_tile, dst, key_row, g, t);
     tma::named_barrier_sync(1 + warpgroup, 128);  // the warpgroup's dS^T rows complete
 
     // dQ (kBlockM x kHeadDim) += dS K over this warpgroup's keys, 64 columns per pass.
@@ -380,7 +419,8 @@ __global__ void __launch_bounds__(FlashBwdWgmmaTraits<Element, kHeadDim>::kThrea
 //     to a shared fp32 tile (128 B-swizzled boxes of 32 columns) that a writer warp (warpgroup
 //     2, warp 1) adds to the accumulator with one tensor bulk reduction per box
 //     (cp.reduce.async.bulk.tensor ... add) while the consumers go on (kDqBulk), or the
-//     consumers add them by 16 B reductions themselves (!kDqBulk).
+//     consumers add them by 16 B reductions themselves (!kDqBulk: slower at both head dims,
+//     benchmarks/NOTES.md; kept for measurement, not instantiated by the launcher).
 // The dS^T tile is double-buffered: both warpgroups' rows must be in it before a dQ product
 // reads it, and a warpgroup writes step s + 1's rows while the other may still read step s's.
 //
@@ -565,7 +605,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 
   BackwardBlock blk;
   if (!locate_backward_block<kCausal>(p, blockIdx.x, kBlockN, kBlockM, blk)) return;
-  const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
+  const int64_t n0 = blk.n0, steps = blk.steps;
 
   const int warpgroup = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup
@@ -594,9 +634,6 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   const int key_row = warpgroup * Traits::kKeysPerWarpgroup + warp * 16;  // this warp's 16 keys within the block
   const uint32_t kv_a_rows = warpgroup * Traits::kKeysPerWarpgroup * kRowBytes;
-  const auto kmajor = [](uint32_t tile, int rows, int kk) {
-    return wgmma::descriptor_128b(tile + (kk / 4) * rows * kRowBytes + (kk % 4) * 32, 16, 8 * kRowBytes);
-  };
   const uint64_t do_b = wgmma::descriptor_128b(sm.do_tile(0), kBlockM * kRowBytes, 8 * kRowBytes);
   const uint64_t q_b = wgmma::descriptor_128b(sm.q_tile(0), kBlockM * kRowBytes, 8 * kRowBytes);
   // dQ over all kBlockN keys: dS (MN-major, from the whole dS^T tile) times K (MN-major).
@@ -617,78 +654,21 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     const uint32_t q_tile = sm.q_tile(stage);
     const uint32_t do_tile = sm.do_tile(stage);
 
-    // S^T = K Q^T and dP^T = V dO^T (as the cp.async kernel).
+    // S^T = K Q^T and dP^T = V dO^T, then P^T and dS^T in their place (as the cp.async kernel).
     float st[32];
     float dpt[32];
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < Traits::kDimSlices; ++kk) {
-      if (kk == 0) {
-        wgmma::mma_m64n64k16_ss<Element, false>(st, kmajor(sm.k_tile() + kv_a_rows, kBlockN, kk), kmajor(q_tile, kBlockM, kk));
-      } else {
-        wgmma::mma_m64n64k16_ss<Element, true>(st, kmajor(sm.k_tile() + kv_a_rows, kBlockN, kk), kmajor(q_tile, kBlockM, kk));
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < Traits::kDimSlices; ++kk) {
-      if (kk == 0) {
-        wgmma::mma_m64n64k16_ss<Element, false>(dpt, kmajor(sm.v_tile() + kv_a_rows, kBlockN, kk), kmajor(do_tile, kBlockM, kk));
-      } else {
-        wgmma::mma_m64n64k16_ss<Element, true>(dpt, kmajor(sm.v_tile() + kv_a_rows, kBlockN, kk), kmajor(do_tile, kBlockM, kk));
-      }
-    }
-    wgmma::commit_group();
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(st);
-    wgmma::fence_operands(dpt);
-
-    const bool masked = backward_tile_masked<kCausal>(p, blk, kBlockN, m0);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int col = 8 * i + 2 * t + (j % 2);
-        const float prob = backward_probability<kCausal>(st[4 * i + j], scale_log2, lse_row[col], masked,
-                                                         n0 + key_row + g + 8 * (j / 2), m0 + col, p, causal_offset);
-        st[4 * i + j] = prob;
-        dpt[4 * i + j] = prob * (dpt[4 * i + j] - d_row[col]);
-      }
-    }
+    flash_bwd_wgmma::transposed_scores<Traits>(st, dpt, sm.k_tile() + kv_a_rows, sm.v_tile() + kv_a_rows, q_tile,
+                                               do_tile);
+    flash_bwd_wgmma::probabilities_and_ds<Traits, kCausal>(st, dpt, p, blk, m0, key_row, g, t, scale_log2, lse_row,
+                                                           d_row);
     uint32_t pt[Traits::kQuerySlices][4];
     uint32_t dst[Traits::kQuerySlices][4];
     flash_bwd_wgmma::pack_a<Element, Traits::kQuerySlices>(st, pt);
     flash_bwd_wgmma::pack_a<Element, Traits::kQuerySlices>(dpt, dst);
 
-    // dV += P^T dO, dK += dS^T Q.
-    wgmma::fence_operands(dv);
-    wgmma::fence_operands(dk);
-    wgmma::fence_operands(pt);
-    wgmma::fence_operands(dst);
-    wgmma::fence();
-#pragma unroll
-    for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
-      wgmma::mma_m64nNk16_rs_tb<Element, kHeadDim>(
-          dv, pt[ks], wgmma::advance(do_b, stage * Traits::kQTileBytes + ks * 16 * kRowBytes));
-    }
-#pragma unroll
-    for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
-      wgmma::mma_m64nNk16_rs_tb<Element, kHeadDim>(
-          dk, dst[ks], wgmma::advance(q_b, stage * Traits::kQTileBytes + ks * 16 * kRowBytes));
-    }
-    wgmma::commit_group();
-
-    // dS^T rows of this warpgroup to buffer s & 1 (the layout of the cp.async kernel).
-    const uint32_t ds_tile = sm.ds_tile(ds_buf);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = key_row + g + 8 * hh;
-        const uint32_t addr = ds_tile + row * kRowBytes + ((i ^ (row % 8)) * 16) + 4 * t;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dst[i / 2][2 * (i % 2) + hh]) : "memory");
-      }
-    }
-    wgmma::fence_proxy_async();
+    // dV += P^T dO, dK += dS^T Q; dS^T rows of this warpgroup to buffer s & 1.
+    flash_bwd_wgmma::issue_dv_dk<Traits>(dv, dk, pt, dst, do_b, q_b, stage * Traits::kQTileBytes);
+    flash_bwd_wgmma::store_ds_rows<Traits>(sm.ds_tile(ds_buf), dst, key_row, g, t);
     // Which dQ columns this warpgroup computes in step s: 64 of them (pass dq_pass), or none.
     const bool dq_owner = Traits::kDqSplitColumns || ds_buf == warpgroup;
     const int dq_pass = Traits::kDqSplitColumns ? warpgroup : 0;
@@ -767,6 +747,88 @@ __global__ void __launch_bounds__(FlashBwdWgmmaWsTraits<Element, kHeadDim>::kBlo
     flash_bwd_wgmma_ws_kernel(const __grid_constant__ AttentionBackwardParams p, const FlashBwdWorkspace ws,
                               const __grid_constant__ flash_bwd_wgmma_ws::BackwardMaps maps) {
   flash_bwd_wgmma_ws::backward_block<FlashBwdWgmmaWsTraits<Element, kHeadDim>, kCausal, kDqBulk>(p, ws, maps);
+}
+
+// ---------------------------------------------------------------------------
+// Host: launch (instantiated per dtype and head dim in src/cuda/sm90/generated/bwd_wgmma_*.cu)
+// ---------------------------------------------------------------------------
+
+/// \brief Which main kernel runs (src/cuda/sm90/flash_bwd_wgmma.cu): the warp-specialized one
+/// unless WAVEBOOST_WGMMA_BACKWARD=cp.async (read at every call, so that one process can time
+/// the two against each other).
+bool flash_bwd_wgmma_use_tma();
+
+/// \brief The 2-D map (head_dim, rows) of the fp32 dQ accumulator, boxes of 32 columns x
+/// box_rows rows in the 128 B swizzle (the dQ tile of flash_bwd_wgmma_ws); false where TMA cannot
+/// describe it (src/cuda/sm90/flash_bwd_wgmma.cu).
+bool encode_dq_accumulator_map(CUtensorMap* map, float* base, int64_t head_dim, int64_t rows, int box_rows);
+
+/// \brief Shared memory per block: the larger of the two main kernels' (a device that fits it
+/// runs either).
+template <typename Element, int kHeadDim>
+constexpr int flash_bwd_wgmma_smem_bytes() {
+  return FlashBwdWgmmaTraits<Element, kHeadDim>::kSmemBytes > FlashBwdWgmmaWsTraits<Element, kHeadDim>::kSmemBytes
+             ? FlashBwdWgmmaTraits<Element, kHeadDim>::kSmemBytes
+             : FlashBwdWgmmaWsTraits<Element, kHeadDim>::kSmemBytes;
+}
+
+namespace flash_bwd_wgmma_launch {
+
+// The warp-specialized kernel; NotSupported (nothing launched) where TMA cannot describe an input.
+template <typename Element, int kHeadDim, bool kCausal>
+Status main_ws(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, const dim3& grid, cudaStream_t stream) {
+  using Traits = FlashBwdWgmmaWsTraits<Element, kHeadDim>;
+  // The dQ writer counts steps (group x query blocks) in 32 bits.
+  const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  if (p.heads_kv <= 0 || (p.heads / p.heads_kv) * m_blocks >= (int64_t{1} << 31)) {
+    return Status::NotSupported("more than 2^31 steps per key block");
+  }
+  flash_bwd_wgmma_ws::BackwardMaps maps;
+  if (!tma::encode_rows_map(&maps.q, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
+                            p.q_head_stride, p.q_batch_stride, Traits::kBlockM) ||
+      !tma::encode_rows_map(&maps.dout, p.dout, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.do_row_stride,
+                            p.do_head_stride, p.do_batch_stride, Traits::kBlockM) ||
+      !tma::encode_rows_map(&maps.k, p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
+                            p.k_head_stride, p.k_batch_stride, Traits::kBlockN) ||
+      !tma::encode_rows_map(&maps.v, p.v, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
+                            p.v_head_stride, p.v_batch_stride, Traits::kBlockN) ||
+      !encode_dq_accumulator_map(&maps.dq_accum, ws.dq_accum, kHeadDim, p.batch * p.heads * ws.m_pad,
+                                 Traits::kBlockM)) {
+    return Status::NotSupported("TMA cannot describe q, dout, k, v or the dQ accumulator");
+  }
+  const auto kernel = flash_bwd_wgmma_ws_kernel<Element, kHeadDim, kCausal, true>;
+  WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  kernel<<<grid, Traits::kBlockThreads, Traits::kSmemBytes, stream>>>(p, ws, maps);
+  return cuda_status(cudaGetLastError(), "flash_bwd_wgmma_ws_kernel launch");
+}
+
+template <typename Element, int kHeadDim, bool kCausal>
+Status main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, cudaStream_t stream) {
+  using Traits = FlashBwdWgmmaTraits<Element, kHeadDim>;
+  dim3 grid;
+  if (Status s = backward_grid(p, Traits::kBlockN, "wgmma", &grid); !s.ok()) return s;
+  static_assert(FlashBwdWgmmaWsTraits<Element, kHeadDim>::kBlockN == Traits::kBlockN, "one grid for both kernels");
+  if (flash_bwd_wgmma_use_tma()) {
+    const Status ws_status = main_ws<Element, kHeadDim, kCausal>(p, ws, grid, stream);
+    if (ws_status.code() != StatusCode::kNotSupported) return ws_status;
+  }
+  const auto kernel = flash_bwd_wgmma_kernel<Element, kHeadDim, kCausal>;
+  WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, ws);
+  return cuda_status(cudaGetLastError(), "flash_bwd_wgmma_kernel launch");
+}
+
+}  // namespace flash_bwd_wgmma_launch
+
+/// \brief The wgmma backward: preprocess and convert kernels of the mma backward around the
+/// main kernel, over `workspace` (flash_bwd_mma_workspace_bytes).
+template <typename Element, int kHeadDim>
+Status launch_flash_bwd_wgmma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
+  using Traits = FlashBwdWgmmaTraits<Element, kHeadDim>;
+  return launch_flash_backward<Element, kHeadDim, Traits::kBlockM>(p, workspace, stream, [&](const FlashBwdWorkspace& ws) {
+    return p.is_causal ? flash_bwd_wgmma_launch::main<Element, kHeadDim, true>(p, ws, stream)
+                       : flash_bwd_wgmma_launch::main<Element, kHeadDim, false>(p, ws, stream);
+  });
 }
 
 }  // namespace waveboost::cuda

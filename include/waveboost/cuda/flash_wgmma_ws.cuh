@@ -222,12 +222,13 @@ __global__ void __launch_bounds__(FlashWgmmaWsDefaultTraits<Element, kHeadDim>::
   flash_wgmma_ws::attend_block<FlashWgmmaWsDefaultTraits<Element, kHeadDim>, CausalMask<kCausal>>(p, &k_map, &v_map);
 }
 
-/// \brief The 4-D tensor map (head_dim, keys, kv heads, batch) of K or V (p.dtype), boxes of 64
-/// columns x box_rows rows in the 128 B swizzle; false where TMA cannot describe the tensor
-/// (strides not positive 16 B multiples, a base not 16 B aligned). Defined in
-/// src/cuda/sm90/flash_wgmma_ws.cu.
-bool encode_kv_tensor_map(CUtensorMap* map, const void* base, const AttentionParams& p, int64_t row_stride,
-                          int64_t head_stride, int64_t batch_stride, int box_rows);
+/// \brief The tensor map of K or V (p.dtype; row, head and batch strides given), boxes of 64
+/// columns x box_rows keys; false where TMA cannot describe it.
+inline bool encode_kv_tensor_map(CUtensorMap* map, const void* base, const AttentionParams& p, int64_t row_stride,
+                                 int64_t head_stride, int64_t batch_stride, int box_rows) {
+  return tma::encode_rows_map(map, base, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, row_stride, head_stride,
+                              batch_stride, box_rows);
+}
 
 /// \brief Whether the warp-specialized kernel takes a call's layout: a dense batch with keys.
 inline bool wgmma_ws_takes_layout(const AttentionParams& p) {

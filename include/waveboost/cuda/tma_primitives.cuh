@@ -16,7 +16,28 @@
 
 #include <cstdint>
 
+#include "waveboost/attention.h"
+
 namespace waveboost::cuda::tma {
+
+// ---- Host: tensor maps (src/cuda/sm90/tma_host.cu) ----
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point, or null without one.
+EncodeTiled encode_tiled();
+
+// The 4-D map (head_dim, rows, heads, batch) of a BSHD-strided fp16/bf16 tensor, boxes of 64
+// columns x box_rows rows in the 128 B swizzle (the layout wgmma reads through descriptor_128b).
+// The stride of an extent-1 dimension is never used: it is replaced by the span of the dimensions
+// below it. false where TMA cannot describe the tensor (strides not positive 16 B multiples, a
+// base not 16 B aligned, extents past 2^31).
+bool encode_rows_map(CUtensorMap* map, const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads,
+                     int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows);
+
+// ---- Device ----
 
 __device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");

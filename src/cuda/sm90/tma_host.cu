@@ -1,0 +1,60 @@
+// Host side of TMA (tma_primitives.cuh): tensor maps for the Hopper kernels, through the runtime's
+// driver entry point (no link against libcuda).
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "waveboost/cuda/tma_primitives.cuh"
+
+namespace waveboost::cuda::tma {
+
+EncodeTiled encode_tiled() {
+  static EncodeTiled fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<EncodeTiled>(ptr);
+    } else {
+      cudaGetLastError();
+    }
+  });
+  return fn;
+}
+
+bool encode_rows_map(CUtensorMap* map, const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads,
+                     int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows) {
+  if (dtype != DType::kFloat16 && dtype != DType::kBFloat16) return false;
+  const EncodeTiled encode = encode_tiled();
+  if (encode == nullptr) return false;
+  const int64_t bytes = dtype_size(dtype);
+  const int64_t extents[4] = {head_dim, rows, heads, batch};
+  int64_t strides[3] = {row_stride * bytes, head_stride * bytes, batch_stride * bytes};
+  int64_t span = head_dim * bytes;
+  for (int i = 0; i < 3; ++i) {
+    if (extents[i + 1] == 1) strides[i] = (span + 15) / 16 * 16;
+    if (strides[i] <= 0 || strides[i] % 16 != 0 || strides[i] >= (int64_t{1} << 40)) return false;
+    span = strides[i] * extents[i + 1];
+  }
+  for (int64_t e : extents) {
+    if (e <= 0 || e >= (int64_t{1} << 31)) return false;
+  }
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t global_strides[3] = {static_cast<cuuint64_t>(strides[0]), static_cast<cuuint64_t>(strides[1]),
+                                        static_cast<cuuint64_t>(strides[2])};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode(map, type, 4, const_cast<void*>(base), dims, global_strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace waveboost::cuda::tma
