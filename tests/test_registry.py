@@ -88,6 +88,16 @@ def test_plan_on_the_cpu():
         waveboost.plan(q, q, q, causal="yes")
 
 
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_plan_takes_every_framework(framework):
+    module = pytest.importorskip(framework)
+    q = np.random.default_rng(1).standard_normal((2, 5, 2, 8)).astype(np.float32)
+    x = module.from_numpy(q) if framework == "torch" else module.numpy.asarray(q)
+    if framework == "jax" and x.devices().pop().platform != "cpu":
+        x = module.device_put(x, module.devices("cpu")[0])
+    assert waveboost.plan(x, x, x, causal=True) == {"backend": "cpu", "kernel": "cpu", "num_splits": 1}
+
+
 # ---------------------------------------------------------------------------
 # GPU: every row of the table, and the plan of split calls
 # ---------------------------------------------------------------------------

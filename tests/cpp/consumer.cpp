@@ -187,6 +187,21 @@ int main() {
     ++checks;
   }
 
+  {  // What a call would launch, and the kernel table (empty without CUDA; names unique).
+    waveboost::ForwardPlan plan;
+    p.is_causal = true;
+    const waveboost::Status st = waveboost::plan_forward(p, waveboost::Backend::kAuto, &plan);
+    const std::vector<waveboost::KernelInfo> table = waveboost::kernel_table();
+    bool unique = true;
+    for (size_t i = 0; i < table.size(); ++i)
+      for (size_t j = i + 1; j < table.size(); ++j) unique = unique && table[i].name != table[j].name;
+    std::printf("plan -> %s, %s, %d piece(s); %zu compiled CUDA kernels\n", st.ok() ? "ok" : st.message().c_str(),
+                plan.kernel.c_str(), plan.num_splits, table.size());
+    failures += !(st.ok() && plan.backend == waveboost::Backend::kCPU && plan.kernel == "cpu" && plan.num_splits == 1 &&
+                  unique && table.empty() == !waveboost::cuda_compiled());
+    ++checks;
+  }
+
   std::printf("waveboost %s, CUDA compiled: %s\n", waveboost::version(), waveboost::cuda_compiled() ? "yes" : "no");
   std::printf("%d passed, %d failed\n", checks - failures, failures);
   return failures ? 1 : 0;
