@@ -156,6 +156,11 @@ template <class C>
 struct Avx2TileSteps {
   using T = typename C::Element;
   static constexpr int kPrefetchPerMicroTile = 16;
+  // One cache line more per scratch row: with 256 B rows (64 queries) a 16-query column of Q^T
+  // sits in 16 of the 64 L1 sets, 8 lines deep, and shares them with the K rows (4 KiB apart);
+  // with 512 B rows a 16-wide strip of the V tile covers 8 sets 16 lines deep and left L1 between
+  // micro-tiles. Rows of 5 and 9 lines spread over every set (+3%, benchmarks/NOTES.md).
+  static constexpr int64_t kScratchPad = 64 / sizeof(T);
 
   static PrefetchQueue& queue() {
     thread_local PrefetchQueue q;
@@ -180,7 +185,7 @@ struct Avx2TileSteps {
   // S^T = K Q^T (scores_tile's micro-tiles), query columns outer (measured level
   // with keys outer), with prefetches between micro-tiles.
   static WAVEBOOST_CPU_AVX2 void scores(const T* k, int64_t k_row_stride, int64_t cols, const T* q_t,
-                                        int64_t rows_padded, int64_t head_dim, T* s) {
+                                        int64_t rows_padded, int64_t ld, int64_t head_dim, T* s) {
     PrefetchQueue& q = queue();
     constexpr int64_t kWide = C::kTileVecs * C::kLanes;
     for (int64_t i = 0; i < rows_padded;) {
@@ -188,17 +193,15 @@ struct Avx2TileSteps {
       for (int64_t j = 0; j < cols;) {
         const int64_t keys = std::min<int64_t>(C::kTileRows, cols - j);
         const T* k_j = k + j * k_row_stride;
-        T* s_ji = s + j * rows_padded + i;
+        T* s_ji = s + j * ld + i;
         if (keys == C::kTileRows && wide)
-          scores_microtile_avx2<C, C::kTileRows, C::kTileVecs>(k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji,
-                                                          rows_padded);
+          scores_microtile_avx2<C, C::kTileRows, C::kTileVecs>(k_j, k_row_stride, q_t + i, ld, head_dim, s_ji, ld);
         else if (keys == C::kTileRows)
-          scores_microtile_avx2<C, C::kTileRows, 1>(k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji, rows_padded);
+          scores_microtile_avx2<C, C::kTileRows, 1>(k_j, k_row_stride, q_t + i, ld, head_dim, s_ji, ld);
         else if (wide)
-          scores_leftover_avx2<C, C::kTileVecs>(keys, k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji,
-                                           rows_padded);
+          scores_leftover_avx2<C, C::kTileVecs>(keys, k_j, k_row_stride, q_t + i, ld, head_dim, s_ji, ld);
         else
-          scores_leftover_avx2<C, 1>(keys, k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji, rows_padded);
+          scores_leftover_avx2<C, 1>(keys, k_j, k_row_stride, q_t + i, ld, head_dim, s_ji, ld);
         q.issue(kPrefetchPerMicroTile);
         j += keys;
       }
@@ -206,14 +209,14 @@ struct Avx2TileSteps {
     }
   }
 
-  static WAVEBOOST_CPU_AVX2 void softmax(int64_t cols, int64_t rows_padded, const T* key_limit, bool apply_mask, T* s,
-                                         T* m, T* l, T* alpha) {
-    online_softmax_tile<C>(cols, rows_padded, key_limit, apply_mask, s, m, l, alpha);
+  static WAVEBOOST_CPU_AVX2 void softmax(int64_t cols, int64_t rows_padded, int64_t ld, const T* key_limit,
+                                         bool apply_mask, T* s, T* m, T* l, T* alpha) {
+    online_softmax_tile<C>(cols, rows_padded, ld, key_limit, apply_mask, s, m, l, alpha);
   }
 
   // O = diag(alpha) O + P V (accumulate_pv).
-  static WAVEBOOST_CPU_AVX2 void pv(const T* p_t, const T* v, int64_t cols, const T* alpha, int64_t rows_padded,
-                                    int64_t dim_padded, T* o) {
+  static WAVEBOOST_CPU_AVX2 void pv(const T* p_t, int64_t ld, const T* v, int64_t ldv, int64_t cols, const T* alpha,
+                                    int64_t rows_padded, int64_t dim_padded, T* o) {
     PrefetchQueue& q = queue();
     constexpr int64_t kWide = C::kTileVecs * C::kLanes;
     for (int64_t d = 0; d < dim_padded;) {
@@ -223,15 +226,13 @@ struct Avx2TileSteps {
         const T* p_i = p_t + i;
         T* o_id = o + i * dim_padded + d;
         if (rows == C::kTileRows && wide)
-          pv_microtile_avx2<C, C::kTileRows, C::kTileVecs>(p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id,
-                                                      dim_padded);
+          pv_microtile_avx2<C, C::kTileRows, C::kTileVecs>(p_i, ld, v + d, ldv, cols, alpha + i, o_id, dim_padded);
         else if (rows == C::kTileRows)
-          pv_microtile_avx2<C, C::kTileRows, 1>(p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id, dim_padded);
+          pv_microtile_avx2<C, C::kTileRows, 1>(p_i, ld, v + d, ldv, cols, alpha + i, o_id, dim_padded);
         else if (wide)
-          pv_leftover_avx2<C, C::kTileVecs>(rows, p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id,
-                                       dim_padded);
+          pv_leftover_avx2<C, C::kTileVecs>(rows, p_i, ld, v + d, ldv, cols, alpha + i, o_id, dim_padded);
         else
-          pv_leftover_avx2<C, 1>(rows, p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id, dim_padded);
+          pv_leftover_avx2<C, 1>(rows, p_i, ld, v + d, ldv, cols, alpha + i, o_id, dim_padded);
         q.issue(kPrefetchPerMicroTile);
         i += rows;
       }
