@@ -11,8 +11,9 @@
 //
 //   g++ -O3 -std=c++17 -Iinclude -Isrc/cpu benchmarks/cpu_kernel_bench.cpp -o /tmp/cpu_kernel_bench
 //   /tmp/cpu_kernel_bench [L=2048] [D=128] [reps=9] [H=8] [pack=0]
-// pack=1 copies head 0's K and V rows into contiguous arrays first, inside the timing, as the
-// AVX2 path's pack_kv (cpu_attention.cpp) does per (batch, kv head) before a dense run.
+// pack=1 copies head 0's K and V rows into contiguous arrays first (V rows one cache line longer,
+// as the kernel's V tile), inside the timing, as the AVX2 path's pack_kv (cpu_attention.cpp)
+// does per (batch, kv head) before a dense run.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
@@ -77,7 +78,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<float> q(static_cast<size_t>(L) * H * D), k(q.size()), v(q.size()), o(q.size());
-  std::vector<float> k_packed(static_cast<size_t>(L) * D), v_packed(k_packed.size());
+  const int64_t ldv = round_up(D, Config::kLanes) + TileSteps<Config>::kScratchPad;
+  std::vector<float> k_packed(static_cast<size_t>(L) * D), v_packed(static_cast<size_t>(L) * ldv);
   std::mt19937 gen(1);
   std::normal_distribution<float> normal;
   for (auto* x : {&q, &k, &v})
@@ -106,11 +108,12 @@ int main(int argc, char** argv) {
       if (pack) {
         for (int j = 0; j < L; ++j) {
           std::copy(&k[size_t(j) * H * D], &k[size_t(j) * H * D] + D, &k_packed[size_t(j) * D]);
-          std::copy(&v[size_t(j) * H * D], &v[size_t(j) * H * D] + D, &v_packed[size_t(j) * D]);
+          std::copy(&v[size_t(j) * H * D], &v[size_t(j) * H * D] + D, &v_packed[size_t(j) * ldv]);
         }
         run.k = k_packed.data();
         run.v = v_packed.data();
-        run.k_row_stride = run.v_row_stride = D;
+        run.k_row_stride = D;
+        run.v_row_stride = ldv;
       }
       for (int64_t row = 0; row < L; row += Config::kBlockM)
         run_block(run, QueryBlock{0, 0, row, std::min<int64_t>(Config::kBlockM, L - row)});

@@ -383,6 +383,19 @@ WAVEBOOST_CPU_INLINE void online_softmax_tile(int64_t cols, int64_t rows_padded,
   }
 }
 
+// Copies V rows key_begin .. key_begin + cols into `tile` (row stride ldv), zero-padded to dim_padded.
+// V is copied so that P V streams contiguous, zero-padded rows: read in place, a 4 KiB row stride
+// (e.g. 8 heads x 128 x fp32) puts every row of the tile in the same L1 set.
+template <typename T>
+WAVEBOOST_CPU_INLINE void copy_v_tile(const AttentionParams& params, const T* v, int64_t key_begin, int64_t cols,
+                                      int64_t head_dim, int64_t dim_padded, int64_t ldv, T* tile) {
+  for (int64_t j = 0; j < cols; ++j) {
+    const T* v_row = key_row(params, v, params.v_batch_stride, params.v_row_stride, key_begin + j);
+    std::copy(v_row, v_row + head_dim, tile + j * ldv);
+    std::fill(tile + j * ldv + head_dim, tile + j * ldv + dim_padded, T(0));
+  }
+}
+
 // The per-tile steps of attention_query_block. By default they are inlined into
 // it; a configuration may specialize this class to compile them as functions
 // of their own (flash_kernel_avx2.h does for AVX2, where inlining everything into
@@ -395,6 +408,14 @@ struct TileSteps {
   // `ldv` below); a configuration may pad them so that one column of a tile does not fall into a
   // few cache sets. The inlined steps take no padding: ld = rows_padded, ldv = dim_padded.
   static constexpr int64_t kScratchPad = 0;
+  // The V tile of keys key_begin .. key_begin + cols, rows ldv apart: copied into `tile` (see
+  // copy_v_tile); a configuration may read V in place where it is laid out so. Returns the tile.
+  static WAVEBOOST_CPU_INLINE const T* v_tile(const AttentionParams& params, const T* v, int64_t key_begin,
+                                              int64_t cols, int64_t head_dim, int64_t dim_padded, int64_t ldv,
+                                              T* tile) {
+    copy_v_tile(params, v, key_begin, cols, head_dim, dim_padded, ldv, tile);
+    return tile;
+  }
   // Called once per tile before scores(), with the rows of the next tile (0 rows and nullptr
   // at the last tile, or when they are not at a fixed stride: a paged cache).
   static WAVEBOOST_CPU_INLINE void prefetch_next(const T* /*k_next*/, int64_t /*k_stride*/, const T* /*v_next*/,
@@ -475,14 +496,7 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
       for (int64_t i = 0; i < rows_padded; ++i)
         key_limit[i] = static_cast<T>(
             std::clamp<int64_t>(visible_keys(params, block.row_begin + i) - key_begin, 0, cols));
-    // V is copied so that P V streams contiguous, zero-padded rows: read in
-    // place, a 4 KiB row stride (e.g. 8 heads x 128 x fp32) puts every row of
-    // the tile in the same L1 set.
-    for (int64_t j = 0; j < cols; ++j) {
-      const T* v_row = key_row(params, v, params.v_batch_stride, params.v_row_stride, key_begin + j);
-      std::copy(v_row, v_row + head_dim, v_tile + j * ldv);
-      std::fill(v_tile + j * ldv + head_dim, v_tile + j * ldv + dim_padded, T(0));
-    }
+    const T* v_rows = TileSteps<C>::v_tile(params, v, key_begin, cols, head_dim, dim_padded, ldv, v_tile);
     // K is read in place, except from a paged cache, whose tile may span several pages.
     const T* k_rows = k + key_begin * params.k_row_stride;
     int64_t k_stride = params.k_row_stride;
@@ -502,7 +516,7 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
                                 next_rows, head_dim);
     TileSteps<C>::scores(k_rows, k_stride, cols, q_t, rows_padded, ld, head_dim, p_t);
     TileSteps<C>::softmax(cols, rows_padded, ld, key_limit, apply_mask, p_t, m, l, alpha);
-    TileSteps<C>::pv(p_t, ld, v_tile, ldv, cols, alpha, rows_padded, dim_padded, o);
+    TileSteps<C>::pv(p_t, ld, v_rows, ldv, cols, alpha, rows_padded, dim_padded, o);
   }
 
   // out = O / l; lse = ln(sum_j e^(scale * q.k_j)) = (m + log2(l)) * ln(2).

@@ -167,6 +167,18 @@ struct Avx2TileSteps {
     return q;
   }
 
+  // V read in place where its rows are laid out as the tile's (row stride ldv, no padding
+  // columns: nothing past a row is read), as the AVX2 path packs it (pack_kv, cpu_attention.cpp);
+  // otherwise copied.
+  static WAVEBOOST_CPU_AVX2 const T* v_tile(const AttentionParams& params, const T* v, int64_t key_begin,
+                                            int64_t cols, int64_t head_dim, int64_t dim_padded, int64_t ldv,
+                                            T* tile) {
+    if (params.block_table == nullptr && params.v_row_stride == ldv && head_dim == dim_padded)
+      return v + key_begin * ldv;
+    copy_v_tile(params, v, key_begin, cols, head_dim, dim_padded, ldv, tile);
+    return tile;
+  }
+
   // K and V rows of a head sit one row stride apart (4 KiB for 8 heads x 128 x fp32), each in
   // its own page, where the hardware prefetchers do not follow them: the next tile's rows are
   // requested while this tile computes.
