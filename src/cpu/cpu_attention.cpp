@@ -238,7 +238,7 @@ int64_t avx2_v_tile_stride(int64_t head_dim) {
 }
 
 constexpr int64_t kPackMinSeqlenQ = 4 * kBlockM;
-constexpr int64_t kPackMaxBytes = int64_t(1) << 30;  // K and V together
+constexpr int64_t kPackMaxBytes = int64_t(256) << 20;  // K and V together; larger runs read them in place
 
 struct PackedKv {
   std::unique_ptr<char[]> storage;
