@@ -10,7 +10,10 @@
 // Also prints the largest error of four rows against a float64 reference.
 //
 //   g++ -O3 -std=c++17 -Iinclude -Isrc/cpu benchmarks/cpu_kernel_bench.cpp -o /tmp/cpu_kernel_bench
-//   /tmp/cpu_kernel_bench [L=2048] [D=128] [reps=9] [H=8]
+//   /tmp/cpu_kernel_bench [L=2048] [D=128] [reps=9] [H=8] [pack=0]
+// pack=1 copies head 0's K and V rows into contiguous arrays first (V rows one cache line longer,
+// as the kernel's V tile), inside the timing, as the AVX2 path's pack_kv (cpu_attention.cpp)
+// does per (batch, kv head) before a dense run.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
@@ -68,12 +71,15 @@ int main(int argc, char** argv) {
   const int D = argc > 2 ? std::atoi(argv[2]) : 128;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 9;
   const int H = argc > 4 ? std::atoi(argv[4]) : 8;
+  const bool pack = argc > 5 && std::atoi(argv[5]) != 0;
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
     std::printf("this CPU lacks AVX2/FMA\n");
     return 1;
   }
   std::vector<float> q(static_cast<size_t>(L) * H * D), k(q.size()), v(q.size()), o(q.size());
+  const int64_t ldv = round_up(D, Config::kLanes) + TileSteps<Config>::kScratchPad;
+  std::vector<float> k_packed(static_cast<size_t>(L) * D), v_packed(static_cast<size_t>(L) * ldv);
   std::mt19937 gen(1);
   std::normal_distribution<float> normal;
   for (auto* x : {&q, &k, &v})
@@ -98,8 +104,19 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps; ++r) {
       const double peak_before = fma_peak();
       const double t0 = thread_seconds();
+      AttentionParams run = p;
+      if (pack) {
+        for (int j = 0; j < L; ++j) {
+          std::copy(&k[size_t(j) * H * D], &k[size_t(j) * H * D] + D, &k_packed[size_t(j) * D]);
+          std::copy(&v[size_t(j) * H * D], &v[size_t(j) * H * D] + D, &v_packed[size_t(j) * ldv]);
+        }
+        run.k = k_packed.data();
+        run.v = v_packed.data();
+        run.k_row_stride = D;
+        run.v_row_stride = ldv;
+      }
       for (int64_t row = 0; row < L; row += Config::kBlockM)
-        run_block(p, QueryBlock{0, 0, row, std::min<int64_t>(Config::kBlockM, L - row)});
+        run_block(run, QueryBlock{0, 0, row, std::min<int64_t>(Config::kBlockM, L - row)});
       const double t = thread_seconds() - t0;
       seconds.push_back(t);
       eff.push_back(flops / t / ((peak_before + fma_peak()) / 2));

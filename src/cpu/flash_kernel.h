@@ -342,8 +342,10 @@ WAVEBOOST_CPU_INLINE void accumulate_pv(const typename C::Element* p_t, const ty
 //   l = alpha * l + sum_j P.
 // Scores are already in base 2 (Q carries log2(e)). key_limit[i] is how many
 // keys of this tile query i sees; keys past it are masked when apply_mask.
+// Row j of the tile starts at s + j * lds (lds >= rows_padded).
 template <class C>
-WAVEBOOST_CPU_INLINE void online_softmax_tile(int64_t cols, int64_t rows_padded, const typename C::Element* key_limit,
+WAVEBOOST_CPU_INLINE void online_softmax_tile(int64_t cols, int64_t rows_padded, int64_t lds,
+                                              const typename C::Element* key_limit,
                                               bool apply_mask, typename C::Element* s, typename C::Element* m,
                                               typename C::Element* l, typename C::Element* alpha) {
   using T = typename C::Element;
@@ -356,12 +358,12 @@ WAVEBOOST_CPU_INLINE void online_softmax_tile(int64_t cols, int64_t rows_padded,
     if (apply_mask) {
       const Vec limit = S::load(key_limit + i);
       for (int64_t j = 0; j < cols; ++j) {
-        const Vec score = S::splat(static_cast<T>(j)) < limit ? S::load(s_i + j * rows_padded) : neg_inf;
-        S::store(s_i + j * rows_padded, score);
+        const Vec score = S::splat(static_cast<T>(j)) < limit ? S::load(s_i + j * lds) : neg_inf;
+        S::store(s_i + j * lds, score);
         row_max = S::max(row_max, score);
       }
     } else {
-      for (int64_t j = 0; j < cols; ++j) row_max = S::max(row_max, S::load(s_i + j * rows_padded));
+      for (int64_t j = 0; j < cols; ++j) row_max = S::max(row_max, S::load(s_i + j * lds));
     }
     const Vec m_old = S::load(m + i);
     const Vec m_new = S::max(m_old, row_max);
@@ -371,13 +373,26 @@ WAVEBOOST_CPU_INLINE void online_softmax_tile(int64_t cols, int64_t rows_padded,
     const Vec rescale = exp2_simd<T, C::kLanes>(m_old - m_ref);
     Vec row_sum = S::splat(0);
     for (int64_t j = 0; j < cols; ++j) {
-      const Vec prob = exp2_simd<T, C::kLanes>(S::load(s_i + j * rows_padded) - m_ref);
-      S::store(s_i + j * rows_padded, prob);
+      const Vec prob = exp2_simd<T, C::kLanes>(S::load(s_i + j * lds) - m_ref);
+      S::store(s_i + j * lds, prob);
       row_sum += prob;
     }
     S::store(alpha + i, rescale);
     S::store(l + i, rescale * S::load(l + i) + row_sum);
     S::store(m + i, m_new);
+  }
+}
+
+// Copies V rows key_begin .. key_begin + cols into `tile` (row stride ldv), zero-padded to dim_padded.
+// V is copied so that P V streams contiguous, zero-padded rows: read in place, a 4 KiB row stride
+// (e.g. 8 heads x 128 x fp32) puts every row of the tile in the same L1 set.
+template <typename T>
+WAVEBOOST_CPU_INLINE void copy_v_tile(const AttentionParams& params, const T* v, int64_t key_begin, int64_t cols,
+                                      int64_t head_dim, int64_t dim_padded, int64_t ldv, T* tile) {
+  for (int64_t j = 0; j < cols; ++j) {
+    const T* v_row = key_row(params, v, params.v_batch_stride, params.v_row_stride, key_begin + j);
+    std::copy(v_row, v_row + head_dim, tile + j * ldv);
+    std::fill(tile + j * ldv + head_dim, tile + j * ldv + dim_padded, T(0));
   }
 }
 
@@ -389,20 +404,32 @@ WAVEBOOST_CPU_INLINE void online_softmax_tile(int64_t cols, int64_t rows_padded,
 template <class C>
 struct TileSteps {
   using T = typename C::Element;
+  // Elements added to each row of the Q^T / S^T and V scratch tiles (their row strides `ld` and
+  // `ldv` below); a configuration may pad them so that one column of a tile does not fall into a
+  // few cache sets. The inlined steps take no padding: ld = rows_padded, ldv = dim_padded.
+  static constexpr int64_t kScratchPad = 0;
+  // The V tile of keys key_begin .. key_begin + cols, rows ldv apart: copied into `tile` (see
+  // copy_v_tile); a configuration may read V in place where it is laid out so. Returns the tile.
+  static WAVEBOOST_CPU_INLINE const T* v_tile(const AttentionParams& params, const T* v, int64_t key_begin,
+                                              int64_t cols, int64_t head_dim, int64_t dim_padded, int64_t ldv,
+                                              T* tile) {
+    copy_v_tile(params, v, key_begin, cols, head_dim, dim_padded, ldv, tile);
+    return tile;
+  }
   // Called once per tile before scores(), with the rows of the next tile (0 rows and nullptr
   // at the last tile, or when they are not at a fixed stride: a paged cache).
   static WAVEBOOST_CPU_INLINE void prefetch_next(const T* /*k_next*/, int64_t /*k_stride*/, const T* /*v_next*/,
                                                  int64_t /*v_stride*/, int64_t /*rows*/, int64_t /*head_dim*/) {}
   static WAVEBOOST_CPU_INLINE void scores(const T* k, int64_t k_row_stride, int64_t cols, const T* q_t,
-                                          int64_t rows_padded, int64_t head_dim, T* s) {
+                                          int64_t rows_padded, int64_t /*ld*/, int64_t head_dim, T* s) {
     scores_tile<C>(k, k_row_stride, cols, q_t, rows_padded, head_dim, s);
   }
-  static WAVEBOOST_CPU_INLINE void softmax(int64_t cols, int64_t rows_padded, const T* key_limit, bool apply_mask,
-                                           T* s, T* m, T* l, T* alpha) {
-    online_softmax_tile<C>(cols, rows_padded, key_limit, apply_mask, s, m, l, alpha);
+  static WAVEBOOST_CPU_INLINE void softmax(int64_t cols, int64_t rows_padded, int64_t ld, const T* key_limit,
+                                           bool apply_mask, T* s, T* m, T* l, T* alpha) {
+    online_softmax_tile<C>(cols, rows_padded, ld, key_limit, apply_mask, s, m, l, alpha);
   }
-  static WAVEBOOST_CPU_INLINE void pv(const T* p_t, const T* v, int64_t cols, const T* alpha, int64_t rows_padded,
-                                      int64_t dim_padded, T* o) {
+  static WAVEBOOST_CPU_INLINE void pv(const T* p_t, int64_t /*ld*/, const T* v, int64_t /*ldv*/, int64_t cols,
+                                      const T* alpha, int64_t rows_padded, int64_t dim_padded, T* o) {
     accumulate_pv<C>(p_t, v, cols, alpha, rows_padded, dim_padded, o);
   }
 };
@@ -428,9 +455,12 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
   T* out = static_cast<T*>(params.out) + block.batch * params.o_batch_stride + block.head * params.o_head_stride +
            block.row_begin * params.o_row_stride;
 
-  T* q_t = scratch.q_t.get(head_dim * rows_padded);
-  T* v_tile = scratch.v.get(C::kBlockN * dim_padded);
-  T* p_t = scratch.p_t.get(C::kBlockN * rows_padded);
+  // Row strides of Q^T and S^T (ld) and of the V tile (ldv), see TileSteps::kScratchPad.
+  const int64_t ld = rows_padded + TileSteps<C>::kScratchPad;
+  const int64_t ldv = dim_padded + TileSteps<C>::kScratchPad;
+  T* q_t = scratch.q_t.get(head_dim * ld);
+  T* v_tile = scratch.v.get(C::kBlockN * ldv);
+  T* p_t = scratch.p_t.get(C::kBlockN * ld);
   T* o = scratch.o.get(rows_padded * dim_padded);
   T* m = scratch.m.get(rows_padded);
   T* l = scratch.l.get(rows_padded);
@@ -444,11 +474,11 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
   // Transposed kLanes queries at a time: reading all 64 rows at once with a
   // 4 KiB stride thrashes one L1 set, writing one query at a time strides
   // across every row of Q^T (4% of the run time, measured).
-  std::fill(q_t, q_t + head_dim * rows_padded, T(0));
+  std::fill(q_t, q_t + head_dim * ld, T(0));
   for (int64_t i0 = 0; i0 < rows; i0 += C::kLanes) {
     const int64_t lanes = std::min<int64_t>(C::kLanes, rows - i0);
     for (int64_t d = 0; d < head_dim; ++d)
-      for (int64_t i = i0; i < i0 + lanes; ++i) q_t[d * rows_padded + i] = q[i * params.q_row_stride + d] * q_scale;
+      for (int64_t i = i0; i < i0 + lanes; ++i) q_t[d * ld + i] = q[i * params.q_row_stride + d] * q_scale;
   }
   std::fill(o, o + rows_padded * dim_padded, T(0));
   std::fill(m, m + rows_padded, -std::numeric_limits<T>::infinity());
@@ -466,14 +496,7 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
       for (int64_t i = 0; i < rows_padded; ++i)
         key_limit[i] = static_cast<T>(
             std::clamp<int64_t>(visible_keys(params, block.row_begin + i) - key_begin, 0, cols));
-    // V is copied so that P V streams contiguous, zero-padded rows: read in
-    // place, a 4 KiB row stride (e.g. 8 heads x 128 x fp32) puts every row of
-    // the tile in the same L1 set.
-    for (int64_t j = 0; j < cols; ++j) {
-      const T* v_row = key_row(params, v, params.v_batch_stride, params.v_row_stride, key_begin + j);
-      std::copy(v_row, v_row + head_dim, v_tile + j * dim_padded);
-      std::fill(v_tile + j * dim_padded + head_dim, v_tile + (j + 1) * dim_padded, T(0));
-    }
+    const T* v_rows = TileSteps<C>::v_tile(params, v, key_begin, cols, head_dim, dim_padded, ldv, v_tile);
     // K is read in place, except from a paged cache, whose tile may span several pages.
     const T* k_rows = k + key_begin * params.k_row_stride;
     int64_t k_stride = params.k_row_stride;
@@ -491,9 +514,9 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
     TileSteps<C>::prefetch_next(next_rows > 0 ? k + next_begin * params.k_row_stride : nullptr, params.k_row_stride,
                                 next_rows > 0 ? v + next_begin * params.v_row_stride : nullptr, params.v_row_stride,
                                 next_rows, head_dim);
-    TileSteps<C>::scores(k_rows, k_stride, cols, q_t, rows_padded, head_dim, p_t);
-    TileSteps<C>::softmax(cols, rows_padded, key_limit, apply_mask, p_t, m, l, alpha);
-    TileSteps<C>::pv(p_t, v_tile, cols, alpha, rows_padded, dim_padded, o);
+    TileSteps<C>::scores(k_rows, k_stride, cols, q_t, rows_padded, ld, head_dim, p_t);
+    TileSteps<C>::softmax(cols, rows_padded, ld, key_limit, apply_mask, p_t, m, l, alpha);
+    TileSteps<C>::pv(p_t, ld, v_rows, ldv, cols, alpha, rows_padded, dim_padded, o);
   }
 
   // out = O / l; lse = ln(sum_j e^(scale * q.k_j)) = (m + log2(l)) * ln(2).

@@ -12,6 +12,10 @@
 
 #include "flash_kernel.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace waveboost::cpu {
 
 template <typename T>
@@ -19,6 +23,107 @@ using Avx2Config = KernelConfig<T, 32 / sizeof(T), 6, 2>;
 
 #if defined(__x86_64__) || defined(__i386__)
 #define WAVEBOOST_CPU_AVX2 __attribute__((target("avx2,fma"), noinline))
+#define WAVEBOOST_CPU_AVX2_INLINE inline __attribute__((target("avx2,fma"), always_inline))
+
+// One ymm register of T, in intrinsics. The micro-tiles below are the generic ones
+// (scores_microtile, pv_microtile: the same FMAs in the same order, so bitwise the same
+// results) written with them: from the generic code GCC zeroed each score micro-tile's
+// accumulators through a stack array (`rep stos`) and stored both micro-tiles' accumulators
+// through one, copied on in 16-byte moves (benchmarks/NOTES.md).
+template <typename T>
+struct Ymm;
+template <>
+struct Ymm<float> {
+  using V = __m256;
+  static WAVEBOOST_CPU_AVX2_INLINE V zero() { return _mm256_setzero_ps(); }
+  static WAVEBOOST_CPU_AVX2_INLINE V load(const float* p) { return _mm256_loadu_ps(p); }
+  static WAVEBOOST_CPU_AVX2_INLINE void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static WAVEBOOST_CPU_AVX2_INLINE V broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static WAVEBOOST_CPU_AVX2_INLINE V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static WAVEBOOST_CPU_AVX2_INLINE V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+};
+template <>
+struct Ymm<double> {
+  using V = __m256d;
+  static WAVEBOOST_CPU_AVX2_INLINE V zero() { return _mm256_setzero_pd(); }
+  static WAVEBOOST_CPU_AVX2_INLINE V load(const double* p) { return _mm256_loadu_pd(p); }
+  static WAVEBOOST_CPU_AVX2_INLINE void store(double* p, V v) { _mm256_storeu_pd(p, v); }
+  static WAVEBOOST_CPU_AVX2_INLINE V broadcast(const double* p) { return _mm256_broadcast_sd(p); }
+  static WAVEBOOST_CPU_AVX2_INLINE V mul(V a, V b) { return _mm256_mul_pd(a, b); }
+  static WAVEBOOST_CPU_AVX2_INLINE V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
+};
+
+// scores_microtile: s[j][i] = sum_d k[j][d] * q_t[d][i] for kKeys x kVecs registers.
+template <class C, int kKeys, int kVecs>
+WAVEBOOST_CPU_AVX2_INLINE void scores_microtile_avx2(const typename C::Element* k, int64_t k_row_stride,
+                                                     const typename C::Element* q_t, int64_t ldq, int64_t head_dim,
+                                                     typename C::Element* s, int64_t lds) {
+  using Y = Ymm<typename C::Element>;
+  typename Y::V acc[kKeys][kVecs];
+  for (int j = 0; j < kKeys; ++j)
+    for (int w = 0; w < kVecs; ++w) acc[j][w] = Y::zero();
+  for (int64_t d = 0; d < head_dim; ++d) {
+    typename Y::V query[kVecs];
+    for (int w = 0; w < kVecs; ++w) query[w] = Y::load(q_t + d * ldq + w * C::kLanes);
+    for (int j = 0; j < kKeys; ++j) {
+      const typename Y::V k_jd = Y::broadcast(k + j * k_row_stride + d);
+      for (int w = 0; w < kVecs; ++w) acc[j][w] = Y::fma(k_jd, query[w], acc[j][w]);
+    }
+  }
+  for (int j = 0; j < kKeys; ++j)
+    for (int w = 0; w < kVecs; ++w) Y::store(s + j * lds + w * C::kLanes, acc[j][w]);
+}
+
+// pv_microtile: o[i][:] = alpha[i] * o[i][:] + sum_j p_t[j][i] * v[j][:] for kRows x kVecs registers.
+template <class C, int kRows, int kVecs>
+WAVEBOOST_CPU_AVX2_INLINE void pv_microtile_avx2(const typename C::Element* p_t, int64_t ldp,
+                                                 const typename C::Element* v, int64_t ldv, int64_t cols,
+                                                 const typename C::Element* alpha, typename C::Element* o,
+                                                 int64_t ldo) {
+  using Y = Ymm<typename C::Element>;
+  typename Y::V acc[kRows][kVecs];
+  for (int i = 0; i < kRows; ++i) {
+    const typename Y::V rescale = Y::broadcast(alpha + i);
+    for (int w = 0; w < kVecs; ++w) acc[i][w] = Y::mul(Y::load(o + i * ldo + w * C::kLanes), rescale);
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    typename Y::V value[kVecs];
+    for (int w = 0; w < kVecs; ++w) value[w] = Y::load(v + j * ldv + w * C::kLanes);
+    for (int i = 0; i < kRows; ++i) {
+      const typename Y::V p_ji = Y::broadcast(p_t + j * ldp + i);
+      for (int w = 0; w < kVecs; ++w) acc[i][w] = Y::fma(p_ji, value[w], acc[i][w]);
+    }
+  }
+  for (int i = 0; i < kRows; ++i)
+    for (int w = 0; w < kVecs; ++w) Y::store(o + i * ldo + w * C::kLanes, acc[i][w]);
+}
+
+// The last `keys` (< kTileRows) keys of a score tile in one micro-tile of exactly that many rows.
+template <class C, int kVecs, int kKeys = C::kTileRows - 1>
+WAVEBOOST_CPU_AVX2_INLINE void scores_leftover_avx2(int64_t keys, const typename C::Element* k, int64_t k_row_stride,
+                                                    const typename C::Element* q_t, int64_t ldq, int64_t head_dim,
+                                                    typename C::Element* s, int64_t lds) {
+  if constexpr (kKeys >= 1) {
+    if (keys == kKeys)
+      scores_microtile_avx2<C, kKeys, kVecs>(k, k_row_stride, q_t, ldq, head_dim, s, lds);
+    else
+      scores_leftover_avx2<C, kVecs, kKeys - 1>(keys, k, k_row_stride, q_t, ldq, head_dim, s, lds);
+  }
+}
+
+// The last `rows` (< kTileRows) query rows of the output in one micro-tile of exactly that many rows.
+template <class C, int kVecs, int kRows = C::kTileRows - 1>
+WAVEBOOST_CPU_AVX2_INLINE void pv_leftover_avx2(int64_t rows, const typename C::Element* p_t, int64_t ldp,
+                                                const typename C::Element* v, int64_t ldv, int64_t cols,
+                                                const typename C::Element* alpha, typename C::Element* o,
+                                                int64_t ldo) {
+  if constexpr (kRows >= 1) {
+    if (rows == kRows)
+      pv_microtile_avx2<C, kRows, kVecs>(p_t, ldp, v, ldv, cols, alpha, o, ldo);
+    else
+      pv_leftover_avx2<C, kVecs, kRows - 1>(rows, p_t, ldp, v, ldv, cols, alpha, o, ldo);
+  }
+}
 
 // Requests for the next tile's K and V rows, handed out a few at a time
 // between micro-tiles. Issued all at once at the start of the tile (2048 lines
@@ -51,10 +156,27 @@ template <class C>
 struct Avx2TileSteps {
   using T = typename C::Element;
   static constexpr int kPrefetchPerMicroTile = 16;
+  // One cache line more per scratch row: with 256 B rows (64 queries) a 16-query column of Q^T
+  // sits in 16 of the 64 L1 sets, 8 lines deep, and shares them with the K rows (4 KiB apart);
+  // with 512 B rows a 16-wide strip of the V tile covers 8 sets 16 lines deep and left L1 between
+  // micro-tiles. Rows of 5 and 9 lines spread over every set (+3%, benchmarks/NOTES.md).
+  static constexpr int64_t kScratchPad = 64 / sizeof(T);
 
   static PrefetchQueue& queue() {
     thread_local PrefetchQueue q;
     return q;
+  }
+
+  // V read in place where its rows are laid out as the tile's (row stride ldv, no padding
+  // columns: nothing past a row is read), as the AVX2 path packs it (pack_kv, cpu_attention.cpp);
+  // otherwise copied.
+  static WAVEBOOST_CPU_AVX2 const T* v_tile(const AttentionParams& params, const T* v, int64_t key_begin,
+                                            int64_t cols, int64_t head_dim, int64_t dim_padded, int64_t ldv,
+                                            T* tile) {
+    if (params.block_table == nullptr && params.v_row_stride == ldv && head_dim == dim_padded)
+      return v + key_begin * ldv;
+    copy_v_tile(params, v, key_begin, cols, head_dim, dim_padded, ldv, tile);
+    return tile;
   }
 
   // K and V rows of a head sit one row stride apart (4 KiB for 8 heads x 128 x fp32), each in
@@ -75,7 +197,7 @@ struct Avx2TileSteps {
   // S^T = K Q^T (scores_tile's micro-tiles), query columns outer (measured level
   // with keys outer), with prefetches between micro-tiles.
   static WAVEBOOST_CPU_AVX2 void scores(const T* k, int64_t k_row_stride, int64_t cols, const T* q_t,
-                                        int64_t rows_padded, int64_t head_dim, T* s) {
+                                        int64_t rows_padded, int64_t ld, int64_t head_dim, T* s) {
     PrefetchQueue& q = queue();
     constexpr int64_t kWide = C::kTileVecs * C::kLanes;
     for (int64_t i = 0; i < rows_padded;) {
@@ -83,17 +205,15 @@ struct Avx2TileSteps {
       for (int64_t j = 0; j < cols;) {
         const int64_t keys = std::min<int64_t>(C::kTileRows, cols - j);
         const T* k_j = k + j * k_row_stride;
-        T* s_ji = s + j * rows_padded + i;
+        T* s_ji = s + j * ld + i;
         if (keys == C::kTileRows && wide)
-          scores_microtile<C, C::kTileRows, C::kTileVecs>(k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji,
-                                                          rows_padded);
+          scores_microtile_avx2<C, C::kTileRows, C::kTileVecs>(k_j, k_row_stride, q_t + i, ld, head_dim, s_ji, ld);
         else if (keys == C::kTileRows)
-          scores_microtile<C, C::kTileRows, 1>(k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji, rows_padded);
+          scores_microtile_avx2<C, C::kTileRows, 1>(k_j, k_row_stride, q_t + i, ld, head_dim, s_ji, ld);
         else if (wide)
-          scores_leftover<C, C::kTileVecs>(keys, k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji,
-                                           rows_padded);
+          scores_leftover_avx2<C, C::kTileVecs>(keys, k_j, k_row_stride, q_t + i, ld, head_dim, s_ji, ld);
         else
-          scores_leftover<C, 1>(keys, k_j, k_row_stride, q_t + i, rows_padded, head_dim, s_ji, rows_padded);
+          scores_leftover_avx2<C, 1>(keys, k_j, k_row_stride, q_t + i, ld, head_dim, s_ji, ld);
         q.issue(kPrefetchPerMicroTile);
         j += keys;
       }
@@ -101,14 +221,14 @@ struct Avx2TileSteps {
     }
   }
 
-  static WAVEBOOST_CPU_AVX2 void softmax(int64_t cols, int64_t rows_padded, const T* key_limit, bool apply_mask, T* s,
-                                         T* m, T* l, T* alpha) {
-    online_softmax_tile<C>(cols, rows_padded, key_limit, apply_mask, s, m, l, alpha);
+  static WAVEBOOST_CPU_AVX2 void softmax(int64_t cols, int64_t rows_padded, int64_t ld, const T* key_limit,
+                                         bool apply_mask, T* s, T* m, T* l, T* alpha) {
+    online_softmax_tile<C>(cols, rows_padded, ld, key_limit, apply_mask, s, m, l, alpha);
   }
 
   // O = diag(alpha) O + P V (accumulate_pv).
-  static WAVEBOOST_CPU_AVX2 void pv(const T* p_t, const T* v, int64_t cols, const T* alpha, int64_t rows_padded,
-                                    int64_t dim_padded, T* o) {
+  static WAVEBOOST_CPU_AVX2 void pv(const T* p_t, int64_t ld, const T* v, int64_t ldv, int64_t cols, const T* alpha,
+                                    int64_t rows_padded, int64_t dim_padded, T* o) {
     PrefetchQueue& q = queue();
     constexpr int64_t kWide = C::kTileVecs * C::kLanes;
     for (int64_t d = 0; d < dim_padded;) {
@@ -118,15 +238,13 @@ struct Avx2TileSteps {
         const T* p_i = p_t + i;
         T* o_id = o + i * dim_padded + d;
         if (rows == C::kTileRows && wide)
-          pv_microtile<C, C::kTileRows, C::kTileVecs>(p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id,
-                                                      dim_padded);
+          pv_microtile_avx2<C, C::kTileRows, C::kTileVecs>(p_i, ld, v + d, ldv, cols, alpha + i, o_id, dim_padded);
         else if (rows == C::kTileRows)
-          pv_microtile<C, C::kTileRows, 1>(p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id, dim_padded);
+          pv_microtile_avx2<C, C::kTileRows, 1>(p_i, ld, v + d, ldv, cols, alpha + i, o_id, dim_padded);
         else if (wide)
-          pv_leftover<C, C::kTileVecs>(rows, p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id,
-                                       dim_padded);
+          pv_leftover_avx2<C, C::kTileVecs>(rows, p_i, ld, v + d, ldv, cols, alpha + i, o_id, dim_padded);
         else
-          pv_leftover<C, 1>(rows, p_i, rows_padded, v + d, dim_padded, cols, alpha + i, o_id, dim_padded);
+          pv_leftover_avx2<C, 1>(rows, p_i, ld, v + d, ldv, cols, alpha + i, o_id, dim_padded);
         q.issue(kPrefetchPerMicroTile);
         i += rows;
       }
@@ -141,6 +259,7 @@ template <>
 struct TileSteps<Avx2Config<double>> : Avx2TileSteps<Avx2Config<double>> {};
 
 #undef WAVEBOOST_CPU_AVX2
+#undef WAVEBOOST_CPU_AVX2_INLINE
 #endif
 
 }  // namespace waveboost::cpu
