@@ -1,0 +1,69 @@
+"""Time one backend's forward or backward on the FA2 grid with only the stable API (attention,
+attention_backward), so that the same script times two builds of waveboost against each other
+(benchmarks/ab_trees.sh imports each build in turn through PYTHONPATH).
+
+    python benchmarks/ab_time.py TAG --backend mma --pass bwd [--dtypes bf16,fp16] [--head-dims 64,128]
+                                     [--seqlens 1024,4096] [--repeats 20]
+
+Prints one line per cell: TAG pass backend dtype D L causal median_ms (CUDA events, after 3 warm-up calls,
+random normal inputs; batch = 16384 / L, heads = 2048 / D).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import waveboost
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tag")
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--pass", dest="which", choices=["fwd", "bwd"], default="fwd")
+    ap.add_argument("--dtypes", default="bf16")
+    ap.add_argument("--head-dims", type=ints, default=[64, 128])
+    ap.add_argument("--seqlens", type=ints, default=[1024, 4096])
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args(argv)
+    for dname in args.dtypes.split(","):
+        for d in args.head_dims:
+            for causal in (False, True):
+                for L in args.seqlens:
+                    b, h = max(1, 16384 // L), max(1, 2048 // d)
+                    g = torch.Generator(device="cuda").manual_seed(L * 1000 + d)
+                    mk = lambda: torch.randn(b, L, h, d, generator=g, device="cuda").to(DTYPES[dname])  # noqa: E731
+                    q, k, v, dout = mk(), mk(), mk(), mk()
+                    if args.which == "fwd":
+                        def run():
+                            return waveboost.attention(q, k, v, causal=causal, backend=args.backend)
+                    else:
+                        out, lse = waveboost.attention(q, k, v, causal=causal, return_lse=True)
+
+                        def run():
+                            return waveboost.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                                                backend=args.backend)
+                    for _ in range(3):
+                        run()
+                    times = []
+                    for _ in range(args.repeats):
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        run()
+                        end.record()
+                        torch.cuda.synchronize()
+                        times.append(start.elapsed_time(end))
+                    times.sort()
+                    print(f"{args.tag} {args.which} {args.backend} {dname} {d} {L} {int(causal)} "
+                          f"{times[len(times) // 2]:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
