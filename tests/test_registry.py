@@ -38,6 +38,7 @@ def test_check_notices_a_stale_file(tmp_path, monkeypatch):
     # The generator writing into a scratch tree: --check fails before, passes after, and fails
     # again on an edited file or one left over from an older table.
     monkeypatch.setattr(table, "GENERATED", tmp_path / "generated")
+    monkeypatch.setattr(table, "SM80_GENERATED", tmp_path / "sm80" / "generated")
     monkeypatch.setattr(table, "SM90_GENERATED", tmp_path / "sm90" / "generated")
     assert table.main(["--check"]) == 1
     assert table.main([]) == 0 and table.main(["--check"]) == 0
@@ -51,11 +52,11 @@ def test_check_notices_a_stale_file(tmp_path, monkeypatch):
     assert not (tmp_path / "generated" / "old_kernel.cu").exists()
 
 
-def _table_rows(with_sm90: bool) -> set:
+def _table_rows(groups: set) -> set:
     table = _table_module()
     rows = set()
     for k in table.kernels():
-        if k.f.sm90a and not with_sm90:
+        if k.group not in groups:
             continue
         rows.add((k.name, k.f.backend, k.f.passes, k.f.variant, table.DTYPES[k.dtype][2], k.head_dim))
     return rows
@@ -66,10 +67,15 @@ def test_kernels_export_the_compiled_table():
     if not waveboost.info()["cuda_compiled"]:
         assert rows == []
         return
-    archs = waveboost.info()["cuda_architectures"].split(",")
-    with_sm90 = any(a.split("-")[0] in ("90", "90a") for a in archs)
+    numbers = [int("".join(ch for ch in a.split("-")[0] if ch.isdigit()))
+               for a in waveboost.info()["cuda_architectures"].split(",")]
+    # Every architecture builds the "" group; 80 and up the kernels that need 8.0; 90 the sm_90a ones.
+    groups = {""} | ({"sm80"} if any(n >= 80 for n in numbers) else set()) | ({"sm90a"} if 90 in numbers else set())
     assert {(r["name"], r["backend"], r["pass"], r["variant"], r["dtype"], r["head_dim"]) for r in rows} == \
-        _table_rows(with_sm90)
+        _table_rows(groups)
+    for r in rows:  # the rows that need 8.0 are the sm80 group's
+        assert (r["min_compute_capability"] >= 80) == (r["name"] in {k.name for k in _table_module().kernels()
+                                                                       if k.group in ("sm80", "sm90a")})
     assert len({r["name"] for r in rows}) == len(rows)
     for r in rows:
         assert r["backend"] in waveboost.BACKENDS

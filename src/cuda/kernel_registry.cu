@@ -2,6 +2,7 @@
 // that every kernel shares.
 #include "cuda/kernel_registry.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -37,16 +38,23 @@ void for_each_row(Backend backend, bool backward, Visit visit) {
 // Why no row of (backend, pass) takes (dtype, head_dim): the dtypes it has, or the head dims it
 // has for that dtype.
 Status no_kernel(Backend backend, bool backward, DType dtype, int64_t head_dim) {
+  // The dtypes in DType order, the head dims ascending, whatever the table's row order.
   std::vector<std::string> dtypes, head_dims;
+  for (DType d : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64}) {
+    bool present = false;
+    for_each_row(backend, backward, [&](const KernelRecord& k) { present = present || k.dtype == d; });
+    if (present) dtypes.push_back(dtype_name(d));
+  }
+  std::vector<int64_t> dims;
   for_each_row(backend, backward, [&](const KernelRecord& k) {
-    const std::string d = dtype_name(k.dtype);
-    bool seen = false;
-    for (const auto& x : dtypes) seen = seen || x == d;
-    if (!seen) dtypes.push_back(d);
-    if (k.dtype == dtype) head_dims.push_back(std::to_string(k.head_dim));
+    if (k.dtype == dtype && std::find(dims.begin(), dims.end(), k.head_dim) == dims.end()) dims.push_back(k.head_dim);
   });
+  std::sort(dims.begin(), dims.end());
+  for (int64_t d : dims) head_dims.push_back(std::to_string(d));
   const std::string who = std::string("backend '") + backend_name(backend) + "'" + pass_words(backward);
-  if (dtypes.empty()) return Status::NotSupported(who + " is not compiled into this build");
+  if (dtypes.empty())
+    return Status::NotSupported(who + " has no kernels in this build: none for the architectures it targets (" +
+                                cuda_architectures() + ")");
   if (head_dims.empty())
     return Status::NotSupported(who + " supports " + word_list(dtypes) + "; got " + dtype_name(dtype));
   return Status::NotSupported(who + " supports head_dim " + word_list(head_dims) + "; got " +

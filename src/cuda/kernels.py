@@ -5,6 +5,8 @@ Every compiled (backend, pass, variant, dtype, head dim) kernel is one row below
 this script writes
 
   src/cuda/generated/<name>.cu        one translation unit per kernel, built for every architecture
+  src/cuda/sm80/generated/<name>.cu   kernels that need compute capability 8.0 or more, built only for
+                                      the architectures of the build from 80 up
   src/cuda/sm90/generated/<name>.cu   the same for sm_90a-only kernels (wgmma)
   src/cuda/generated/kernel_table.inc the entry points' declarations and the registry's rows,
                                       read by src/cuda/kernel_registry.cu
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 
 ROOT = pathlib.Path(__file__).resolve().parent
 GENERATED = ROOT / "generated"
+SM80_GENERATED = ROOT / "sm80" / "generated"
 SM90_GENERATED = ROOT / "sm90" / "generated"
 REPO = ROOT.parent.parent
 
@@ -142,6 +145,19 @@ class Kernel:
     def fmt(self, text: str) -> str:
         return text.format(T=DTYPES[self.dtype][0], D=self.head_dim)
 
+    @property
+    def min_cc(self) -> int:
+        return self.f.min_cc_by_dtype.get(self.dtype, self.f.min_cc)
+
+    @property
+    def group(self) -> str:
+        """Which objects it belongs to: "sm90a", "sm80" (needs 8.0+) or "" (every architecture)."""
+        return "sm90a" if self.f.sm90a else ("sm80" if self.min_cc >= 80 else "")
+
+    @property
+    def directory(self) -> pathlib.Path:
+        return {"sm90a": SM90_GENERATED, "sm80": SM80_GENERATED, "": GENERATED}[self.group]
+
 
 def kernels() -> list[Kernel]:
     return [Kernel(name, dtype, d) for name, fam in FAMILIES.items() for dtype in fam.dtypes for d in fam.head_dims]
@@ -164,40 +180,50 @@ def translation_unit(k: Kernel) -> str:
             f"namespace waveboost::cuda::kernels {{\n\n{entry}\n{smem}\n}}  // namespace waveboost::cuda::kernels\n")
 
 
+GUARDS = {"": None, "sm80": "WAVEBOOST_WITH_SM80", "sm90a": "WAVEBOOST_WITH_SM90A"}
+
+
 def table_inc() -> str:
-    decls, rows_all, rows_sm90 = [], [], []
+    decls = {g: [] for g in GUARDS}
+    rows = {g: [] for g in GUARDS}
     for k in kernels():
         f = k.f
         if f.passes == "forward":
-            decls.append((f.sm90a, f"Status {k.name}(const AttentionParams&, const ForwardLaunch&);"))
+            decls[k.group].append(f"Status {k.name}(const AttentionParams&, const ForwardLaunch&);")
         else:
-            decls.append((f.sm90a, f"Status {k.name}(const AttentionBackwardParams&, void*, cudaStream_t);"))
+            decls[k.group].append(f"Status {k.name}(const AttentionBackwardParams&, void*, cudaStream_t);")
         if f.smem:
-            decls.append((f.sm90a, f"int {k.name}_smem_bytes();"))
-        min_cc = f.min_cc_by_dtype.get(k.dtype, f.min_cc)
+            decls[k.group].append(f"int {k.name}_smem_bytes();")
         fwd = f"&kernels::{k.name}" if f.passes == "forward" else "nullptr"
         bwd = f"&kernels::{k.name}" if f.passes == "backward" else "nullptr"
         smem = f"&kernels::{k.name}_smem_bytes" if f.smem else "nullptr"
-        row = (f"    {{\"{k.name}\", Backend::k{f.backend.capitalize()}, "
-               f"{'true' if f.passes == 'backward' else 'false'}, \"{f.variant}\", {DTYPES[k.dtype][1]}, "
-               f"{k.head_dim}, {min_cc}, {f.max_cc}, {f.vector_elements.get(k.dtype, 0)}, {fwd}, {bwd}, {smem}}},")
-        (rows_sm90 if f.sm90a else rows_all).append(row)
+        rows[k.group].append(
+            f"    {{\"{k.name}\", Backend::k{f.backend.capitalize()}, "
+            f"{'true' if f.passes == 'backward' else 'false'}, \"{f.variant}\", {DTYPES[k.dtype][1]}, "
+            f"{k.head_dim}, {k.min_cc}, {f.max_cc}, {f.vector_elements.get(k.dtype, 0)}, {fwd}, {bwd}, {smem}}},")
+
+    def guarded(parts: dict) -> list:
+        out = []
+        for group, guard in GUARDS.items():
+            if not parts[group]:
+                continue
+            out += ([f"#ifdef {guard}"] if guard else []) + parts[group] + (["#endif"] if guard else [])
+        return out
+
     out = [HEADER, "// Included once, by src/cuda/kernel_registry.cu, inside namespace waveboost::cuda.\n",
            "namespace kernels {\n"]
-    out += [d for sm90, d in decls if not sm90]
-    out += ["#ifdef WAVEBOOST_WITH_SM90A"] + [d for sm90, d in decls if sm90] + ["#endif", "}  // namespace kernels\n"]
+    out += guarded(decls) + ["}  // namespace kernels\n"]
     out += ["// name, backend, backward, variant, dtype, head_dim, min_cc, max_cc, vector_elements,",
             "// forward entry, backward entry, shared memory per block",
             "const KernelRecord kKernelTable[] = {"]
-    out += rows_all
-    out += ["#ifdef WAVEBOOST_WITH_SM90A"] + rows_sm90 + ["#endif", "};\n"]
+    out += guarded(rows) + ["};\n"]
     return "\n".join(out)
 
 
 def expected_files() -> dict[pathlib.Path, str]:
     files = {GENERATED / "kernel_table.inc": table_inc()}
     for k in kernels():
-        files[(SM90_GENERATED if k.f.sm90a else GENERATED) / f"{k.name}.cu"] = translation_unit(k)
+        files[k.directory / f"{k.name}.cu"] = translation_unit(k)
     return files
 
 
@@ -206,7 +232,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="compare the generated files with the table; write nothing")
     args = ap.parse_args(argv)
     files = expected_files()
-    present = {p for d in (GENERATED, SM90_GENERATED) if d.is_dir() for p in d.iterdir()}
+    present = {p for d in (GENERATED, SM80_GENERATED, SM90_GENERATED) if d.is_dir() for p in d.iterdir()}
     stale = sorted(present - set(files))
     if args.check:
         bad = [p for p, text in files.items() if not p.is_file() or p.read_text() != text] + stale
@@ -221,7 +247,7 @@ def main(argv=None) -> int:
         p.parent.mkdir(parents=True, exist_ok=True)
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
-    print(f"{len(files)} files in {_shown(GENERATED)} and {_shown(SM90_GENERATED)}")
+    print(f"{len(files)} files in {_shown(GENERATED)}, {_shown(SM80_GENERATED)} and {_shown(SM90_GENERATED)}")
     return 0
 
 
