@@ -356,11 +356,20 @@ Status can_implement(const AttentionParams& params, Backend backend) {
 #endif
 }
 
-Status attention_forward(const AttentionParams& params, Backend backend, void* stream) {
+namespace {
+// What a forward call runs: the params with softmax_scale resolved and the backend kAuto resolves
+// to, once both pass validate and can_implement.
+Status resolve_forward(const AttentionParams& params, Backend* backend, AttentionParams* p) {
   if (Status s = validate(params); !s.ok()) return s;
-  const AttentionParams p = with_resolved_scale(params);
-  if (backend == Backend::kAuto) backend = select_backend(p);
-  if (Status s = can_implement(p, backend); !s.ok()) return s;
+  *p = with_resolved_scale(params);
+  if (*backend == Backend::kAuto) *backend = select_backend(*p);
+  return can_implement(*p, *backend);
+}
+}  // namespace
+
+Status attention_forward(const AttentionParams& params, Backend backend, void* stream) {
+  AttentionParams p;
+  if (Status s = resolve_forward(params, &backend, &p); !s.ok()) return s;
   if (p.batch == 0 || p.seqlen_q == 0 || p.heads == 0) return Status::Ok();
   switch (backend) {
     case Backend::kCPU: return cpu::attention_forward(p);
@@ -379,10 +388,8 @@ Status attention_forward(const AttentionParams& params, Backend backend, void* s
 }
 
 Status plan_forward(const AttentionParams& params, Backend backend, ForwardPlan* plan) {
-  if (Status s = validate(params); !s.ok()) return s;
-  const AttentionParams p = with_resolved_scale(params);
-  if (backend == Backend::kAuto) backend = select_backend(p);
-  if (Status s = can_implement(p, backend); !s.ok()) return s;
+  AttentionParams p;
+  if (Status s = resolve_forward(params, &backend, &p); !s.ok()) return s;
   plan->backend = backend;
   plan->kernel = backend_name(backend);
   plan->num_splits = 1;

@@ -84,30 +84,8 @@ Status launch(const AttentionParams& p, const DecodeSplit& split, cudaStream_t s
 
 // core::combine over the pieces of `split` into p.out and p.lse.
 Status combine_pieces(const AttentionParams& p, const DecodeSplit& split, cudaStream_t s) {
-  core::CombineParams c;
-  c.parts = split.o_accum;
-  c.part_head_stride = p.head_dim;
-  c.part_row_stride = p.heads * p.head_dim;
-  c.part_batch_stride = p.seqlen_q * c.part_row_stride;
-  c.part_stride = p.batch * c.part_batch_stride;
-  c.part_lse = split.lse_accum;
-  c.lse_row_stride = 1;
-  c.lse_head_stride = p.seqlen_q;
-  c.lse_batch_stride = p.heads * p.seqlen_q;
-  c.lse_part_stride = p.batch * c.lse_batch_stride;
-  c.out = p.out;
-  c.o_batch_stride = p.o_batch_stride;
-  c.o_row_stride = p.o_row_stride;
-  c.o_head_stride = p.o_head_stride;
-  c.lse = p.lse;
-  c.lse_out_batch_stride = p.lse_batch_stride;
-  c.lse_out_head_stride = p.lse_head_stride;
-  c.cu_seqlens = p.cu_seqlens_q;
-  c.num_parts = split.num_splits;
-  c.batch = p.batch;
-  c.seqlen = p.seqlen_q;
-  c.heads = p.heads;
-  c.head_dim = p.head_dim;
+  const core::CombineParams c = core::split_pieces(p, split.o_accum, split.lse_accum, split.num_splits,
+                                                    p.heads * p.head_dim, p.head_dim);
   return core::launch_combine(c, DType::kFloat32, p.dtype, s);
 }
 
@@ -137,10 +115,7 @@ Status decode_plan(const AttentionParams& p, ForwardPlan* plan) {
   int multiprocessors = 0;
   if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
   plan->num_splits = decode_splits(p, multiprocessors);
-  const KernelRecord* k = find_kernel(Backend::kDecode, false, "", p.dtype, p.head_dim);
-  if (k == nullptr) return Status::Internal("decode_plan: no kernel for a call can_implement accepted");
-  plan->kernel = k->name;
-  return Status::Ok();
+  return plan_kernel(Backend::kDecode, "", p, plan);
 }
 
 Status decode_forward(const AttentionParams& p, void* stream) {

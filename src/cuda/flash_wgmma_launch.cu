@@ -74,10 +74,7 @@ Status wgmma_plan(const AttentionParams& p, ForwardPlan* plan) {
   // launch() tries the TMA kernel under the same conditions, and it declines exactly where
   // wgmma_tma_applies is false.
   const bool tma = split.num_splits == 1 && use_tma_pipeline() && wgmma_tma_applies(p);
-  const KernelRecord* k = find_kernel(Backend::kWgmma, false, tma ? "tma" : "", p.dtype, p.head_dim);
-  if (k == nullptr) return Status::Internal("wgmma_plan: no kernel for a call can_implement accepted");
-  plan->kernel = k->name;
-  return Status::Ok();
+  return plan_kernel(Backend::kWgmma, tma ? "tma" : "", p, plan);
 }
 
 Status wgmma_forward(const AttentionParams& p, void* stream) {

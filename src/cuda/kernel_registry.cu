@@ -163,9 +163,12 @@ Status plan_forward(const AttentionParams& p, Backend backend, ForwardPlan* plan
     case Backend::kWgmma: return wgmma_plan(p, plan);
     case Backend::kDecode: return decode_plan(p, plan);
     case Backend::kNaive: plan->kernel = "naive"; return Status::Ok();
-    default: break;
+    default: return plan_kernel(backend, "", p, plan);
   }
-  const KernelRecord* k = find_kernel(backend, false, "", p.dtype, p.head_dim);
+}
+
+Status plan_kernel(Backend backend, const char* variant, const AttentionParams& p, ForwardPlan* plan) {
+  const KernelRecord* k = find_kernel(backend, false, variant, p.dtype, p.head_dim);
   if (k == nullptr) return no_kernel(backend, false, p.dtype, p.head_dim);
   plan->kernel = k->name;
   return Status::Ok();

@@ -64,6 +64,9 @@ Status check_kernel(const AttentionBackwardParams& p, Backend backend, const Ker
 Status run_forward(Backend backend, const char* variant, const AttentionParams& p, const ForwardLaunch& launch);
 // Likewise the backward kernel of the backend.
 Status run_backward(Backend backend, const AttentionBackwardParams& p, void* workspace, cudaStream_t stream);
+// Sets plan->kernel to the name of (backend, variant)'s forward kernel for p's dtype and head dim;
+// NotSupported when the table has none.
+Status plan_kernel(Backend backend, const char* variant, const AttentionParams& p, ForwardPlan* plan);
 
 // Whether the backward's dout/dq/dk/dv suit 16 B pieces of `elements` elements (as
 // vector_friendly asks of q/k/v/out): 16 B aligned, strides of dimensions of extent > 1 multiples.

@@ -474,30 +474,8 @@ Status launch_flash_wgmma_kernel(const AttentionParams& p, const SplitKV& split,
   if (Status s = cuda_status(cudaGetLastError(), "flash_wgmma_kernel launch"); !s.ok() || split.num_splits == 1) return s;
   // The pieces, (num_splits, batch, heads, seqlen_q, head_dim) and their LSEs, merged by the
   // shared combine (core/combine.cuh).
-  core::CombineParams c;
-  const int64_t rows = p.batch * p.heads * p.seqlen_q;
-  c.parts = split.o_accum;
-  c.part_stride = rows * kHeadDim;
-  c.part_batch_stride = p.heads * p.seqlen_q * kHeadDim;
-  c.part_head_stride = p.seqlen_q * kHeadDim;
-  c.part_row_stride = kHeadDim;
-  c.part_lse = split.lse_accum;
-  c.lse_part_stride = rows;
-  c.lse_batch_stride = p.heads * p.seqlen_q;
-  c.lse_head_stride = p.seqlen_q;
-  c.lse_row_stride = 1;
-  c.out = p.out;
-  c.o_batch_stride = p.o_batch_stride;
-  c.o_row_stride = p.o_row_stride;
-  c.o_head_stride = p.o_head_stride;
-  c.lse = p.lse;
-  c.lse_out_batch_stride = p.lse_batch_stride;
-  c.lse_out_head_stride = p.lse_head_stride;
-  c.num_parts = split.num_splits;
-  c.batch = p.batch;
-  c.seqlen = p.seqlen_q;
-  c.heads = p.heads;
-  c.head_dim = kHeadDim;
+  const core::CombineParams c =
+      core::split_pieces(p, split.o_accum, split.lse_accum, split.num_splits, kHeadDim, p.seqlen_q * kHeadDim);
   return core::launch_combine(c, DType::kFloat32, p.dtype, stream);
 }
 

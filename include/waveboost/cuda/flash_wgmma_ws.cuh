@@ -222,12 +222,13 @@ __global__ void __launch_bounds__(FlashWgmmaWsDefaultTraits<Element, kHeadDim>::
   flash_wgmma_ws::attend_block<FlashWgmmaWsDefaultTraits<Element, kHeadDim>, CausalMask<kCausal>>(p, &k_map, &v_map);
 }
 
-/// \brief The tensor map of K or V (p.dtype; row, head and batch strides given), boxes of 64
-/// columns x box_rows keys; false where TMA cannot describe it.
-inline bool encode_kv_tensor_map(CUtensorMap* map, const void* base, const AttentionParams& p, int64_t row_stride,
-                                 int64_t head_stride, int64_t batch_stride, int box_rows) {
-  return tma::encode_rows_map(map, base, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, row_stride, head_stride,
-                              batch_stride, box_rows);
+/// \brief The tensor maps of K and V (p.dtype), boxes of 64 columns x box_rows keys; false where
+/// TMA cannot describe either.
+inline bool encode_kv_tensor_maps(const AttentionParams& p, int box_rows, CUtensorMap* k_map, CUtensorMap* v_map) {
+  return tma::encode_rows_map(k_map, p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
+                              p.k_head_stride, p.k_batch_stride, box_rows) &&
+         tma::encode_rows_map(v_map, p.v, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
+                              p.v_head_stride, p.v_batch_stride, box_rows);
 }
 
 /// \brief Whether the warp-specialized kernel takes a call's layout: a dense batch with keys.
@@ -245,8 +246,7 @@ Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
     return Status::NotSupported("the warp-specialized wgmma kernel runs dense batches with keys");
   }
   CUtensorMap k_map, v_map;
-  if (!encode_kv_tensor_map(&k_map, p.k, p, p.k_row_stride, p.k_head_stride, p.k_batch_stride, Traits::kBlockN) ||
-      !encode_kv_tensor_map(&v_map, p.v, p, p.v_row_stride, p.v_head_stride, p.v_batch_stride, Traits::kBlockN)) {
+  if (!encode_kv_tensor_maps(p, Traits::kBlockN, &k_map, &v_map)) {
     return Status::NotSupported("TMA cannot describe k or v (strides must be positive multiples of 16 bytes)");
   }
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;

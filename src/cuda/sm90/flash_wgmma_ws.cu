@@ -9,8 +9,7 @@ bool wgmma_tma_applies(const AttentionParams& p) {
   const int box_rows = p.head_dim == 64 ? FlashWgmmaWsDefaultTraits<__half, 64>::kBlockN
                                         : FlashWgmmaWsDefaultTraits<__half, 128>::kBlockN;
   CUtensorMap k_map, v_map;
-  return encode_kv_tensor_map(&k_map, p.k, p, p.k_row_stride, p.k_head_stride, p.k_batch_stride, box_rows) &&
-         encode_kv_tensor_map(&v_map, p.v, p, p.v_row_stride, p.v_head_stride, p.v_batch_stride, box_rows);
+  return encode_kv_tensor_maps(p, box_rows, &k_map, &v_map);
 }
 
 }  // namespace waveboost::cuda

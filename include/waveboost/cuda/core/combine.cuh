@@ -40,6 +40,38 @@ struct CombineParams {
   int64_t num_parts = 0, batch = 0, seqlen = 0, heads = 0, head_dim = 0;
 };
 
+/// The combine of a forward call's split-KV pieces into p.out and p.lse: num_parts fp32 pieces
+/// of O, [part][batch][...][head_dim] with the given row and head strides (elements) inside a
+/// batch of heads x seqlen_q rows, and their LSEs, [part][batch][head][row].
+inline CombineParams split_pieces(const AttentionParams& p, const float* o_parts, const float* lse_parts,
+                                  int num_parts, int64_t part_row_stride, int64_t part_head_stride) {
+  CombineParams c;
+  c.parts = o_parts;
+  c.part_row_stride = part_row_stride;
+  c.part_head_stride = part_head_stride;
+  c.part_batch_stride = p.heads * p.seqlen_q * p.head_dim;
+  c.part_stride = p.batch * c.part_batch_stride;
+  c.part_lse = lse_parts;
+  c.lse_row_stride = 1;
+  c.lse_head_stride = p.seqlen_q;
+  c.lse_batch_stride = p.heads * p.seqlen_q;
+  c.lse_part_stride = p.batch * c.lse_batch_stride;
+  c.out = p.out;
+  c.o_batch_stride = p.o_batch_stride;
+  c.o_row_stride = p.o_row_stride;
+  c.o_head_stride = p.o_head_stride;
+  c.lse = p.lse;
+  c.lse_out_batch_stride = p.lse_batch_stride;
+  c.lse_out_head_stride = p.lse_head_stride;
+  c.cu_seqlens = p.cu_seqlens_q;
+  c.num_parts = num_parts;
+  c.batch = p.batch;
+  c.seqlen = p.seqlen_q;
+  c.heads = p.heads;
+  c.head_dim = p.head_dim;
+  return c;
+}
+
 /// Launches the combine on `stream` (the parts' device must be current). part_dtype and
 /// out_dtype: float16, bfloat16 or float32.
 Status launch_combine(const CombineParams& params, DType part_dtype, DType out_dtype, cudaStream_t stream);
