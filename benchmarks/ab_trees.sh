@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A/B of two builds of waveboost on one GPU, interleaved: another revision's files in OLD_DIR (made with
 # `git archive REV | tar -x -C DIR`, then carried to the GPU machine) against this tree. Both are built
-# for CUDAARCHS (default 90); benchmarks/ab_time.py (only the stable API) times each in turn, ROUNDS
-# times old, new, old, new, ...; the table at the end has the best of the rounds per cell and old / new.
+# for CUDAARCHS (default 90); benchmarks/ab_time.py (only the stable API) times each in turn: one
+# discarded warm-up run of each, then ROUNDS rounds in alternating order (old new, new old, ...), so
+# that neither build always runs first on a cooler GPU. The table at the end gives, per cell, the
+# median over the rounds of each build and old / new of those medians (and of the best rounds).
 #
 #   bash benchmarks/ab_trees.sh OLD_DIR ROUNDS [ab_time.py options, e.g. --backend mma --pass bwd]
 #
@@ -21,27 +23,33 @@ build() {  # build DIR SITE LOG
 build "$old" /tmp/ab-old-site "$out/build-old.log" &
 build . /tmp/ab-new-site "$out/build-new.log"
 wait $! || exit 1
+for tree in old new; do
+  PYTHONPATH=/tmp/ab-$tree-site python3 benchmarks/ab_time.py "$tree" "$@" > /dev/null || exit 1
+done
 for r in $(seq "$rounds"); do
-  for tree in old new; do
+  order="old new"
+  [ $((r % 2)) = 0 ] && order="new old"
+  for tree in $order; do
     PYTHONPATH=/tmp/ab-$tree-site python3 benchmarks/ab_time.py "$tree" "$@" >> "$out/ab.txt" || exit 1
   done
 done
 python3 - "$out/ab.txt" <<'PY'
-import math, sys
-best = {}
+import math, statistics, sys
+times = {}
 for line in open(sys.argv[1]):
     tree, *cell, ms = line.split()
-    key = (tree, tuple(cell))
-    best[key] = min(best.get(key, math.inf), float(ms))
-cells = sorted({c for _, c in best})
-ratios = []
-print("pass backend dtype D L causal | old ms | new ms | old / new")
+    times.setdefault((tree, tuple(cell)), []).append(float(ms))
+cells = sorted({c for _, c in times})
+med, best = [], []
+print("pass backend dtype D L causal | old ms | new ms (medians) | old / new | of the best rounds")
 for c in cells:
-    o, n = best.get(("old", c)), best.get(("new", c))
+    o, n = times.get(("old", c)), times.get(("new", c))
     if o and n:
-        ratios.append(o / n)
-        print(" ".join(c), f"| {o:.4f} | {n:.4f} | {o / n:.3f}")
-if ratios:
-    print(f"geomean old / new {math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f}, min {min(ratios):.3f}, "
-          f"max {max(ratios):.3f} over {len(ratios)} cells")
+        med.append(statistics.median(o) / statistics.median(n))
+        best.append(min(o) / min(n))
+        print(" ".join(c), f"| {statistics.median(o):.4f} | {statistics.median(n):.4f} | {med[-1]:.3f} | {best[-1]:.3f}")
+geo = lambda r: math.exp(sum(map(math.log, r)) / len(r))
+if med:
+    print(f"medians: geomean old / new {geo(med):.4f}, min {min(med):.3f}, max {max(med):.3f} over {len(med)} cells")
+    print(f"best rounds: geomean old / new {geo(best):.4f}, min {min(best):.3f}, max {max(best):.3f}")
 PY
