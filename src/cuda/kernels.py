@@ -119,6 +119,11 @@ FAMILIES = {
         launch="launch_flash_bwd_mma<{T}, {D}>(p, workspace, stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),
         smem="flash_bwd_mma_smem_bytes({D})", min_cc=80, vector_elements={"fp16": 8, "bf16": 8},
         note="FlashAttention-2's backward on mma.sync; deterministic dQ order on request"),
+    "bwd_mma_tf32": Family(
+        backend="mma", passes="backward", header="waveboost/cuda/flash_bwd_mma_tf32.cuh",
+        launch="launch_flash_bwd_mma_tf32<{D}>(p, workspace, stream)", dtypes=("fp32",), head_dims=(64, 128),
+        smem="FlashBwdMmaTf32Traits<{D}>::kSmemBytes", min_cc=80, vector_elements={"fp32": 4},
+        note="float32 backward on tf32 tensor cores, three products per product (3xTF32)"),
     "bwd_wgmma": Family(
         backend="wgmma", passes="backward", header="waveboost/cuda/flash_bwd_wgmma.cuh",
         launch="launch_flash_bwd_wgmma<{T}, {D}>(p, workspace, stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),

@@ -66,7 +66,7 @@ def cases():
 
 
 # Backward passes (naive, mma, wgmma): (path, dtype name, shape, head_dim, causal, layout, deterministic, dlse).
-BACKWARD_PATH_DTYPES = {"naive": ["fp16", "bf16", "fp32"], "mma": ["fp16", "bf16"]}
+BACKWARD_PATH_DTYPES = {"naive": ["fp16", "bf16", "fp32"], "mma": ["fp16", "bf16", "fp32"]}
 
 
 def backward_cases():
@@ -80,6 +80,9 @@ def backward_cases():
         out.append((path, "fp16", SHAPE_A, 64, True, "contiguous", True, False))
         out.append((path, "bf16", (2, 33, 0, 4, 2), 64, False, "contiguous", False, False))  # seqlen_k = 0
         out.append((path, "fp16", (2, 0, 40, 4, 2), 64, True, "contiguous", False, False))  # seqlen_q = 0
+    # mma's fp32 (3xTF32) kernel: a BHSD view, deterministic, dlse; and more steps than its two buffers.
+    out.append(("mma", "fp32", SHAPE_A, 128, False, "bhsd", True, True))
+    out.append(("mma", "fp32", (1, 150, 200, 4, 2), 64, True, "contiguous", True, False))
     out.append(("naive", "fp16", SHAPE_A, 80, True, "contiguous", False, True))
     out.append(("naive", "fp16", SHAPE_B, 64, False, "unaligned", False, False))
     # wgmma (compute capability 9.0 only: skipped elsewhere; no deterministic mode): both head dims,

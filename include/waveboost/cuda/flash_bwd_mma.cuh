@@ -43,7 +43,7 @@ namespace waveboost::cuda {
 /// \tparam kHeadDim_ 64 or 128.
 /// \tparam kWarps_   4 or 8 (kFlashBwdMmaWarps picks per head dim): 16 keys per warp.
 template <typename Element_, int kHeadDim_, int kWarps_>
-struct FlashBwdMmaTraits {
+struct FlashBwdMmaTraits : BackwardSmemLayout<kWarps_ * 16, 64, kHeadDim_, 2> {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = kWarps_;
@@ -65,22 +65,12 @@ struct FlashBwdMmaTraits {
   static constexpr int kDqTilesPerWarp = kDimTiles / kDqWarpsD;
   static constexpr int kDqTilesPerPass = kDqTilesPerWarp < 8 ? kDqTilesPerWarp : 8;  // at most 32 registers
 
-  static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kDsTileBytes = kBlockN * kBlockM * 2;
-  static constexpr int kRowBytes = kBlockM * 4;
-  // K, V, Q[2], dO[2], dS^T, lse*log2e[2], D[2]
-  static constexpr int kKOffset = 0;
-  static constexpr int kVOffset = kKOffset + kKVTileBytes;
-  static constexpr int kQOffset = kVOffset + kKVTileBytes;
-  static constexpr int kDoOffset = kQOffset + 2 * kQTileBytes;
-  static constexpr int kDsOffset = kDoOffset + 2 * kQTileBytes;
-  static constexpr int kLseOffset = kDsOffset + kDsTileBytes;
-  static constexpr int kDOffset = kLseOffset + 2 * kRowBytes;
-  static constexpr int kSmemBytes = kDOffset + 2 * kRowBytes;
+  using Layout = BackwardSmemLayout<kWarps_ * 16, 64, kHeadDim_, 2>;
+  static constexpr int kSmemBytes = Layout::kLayoutBytes;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(sizeof(Element) == 2, "16-bit elements");
+  static_assert(Layout::kKVTileBytes == kBlockN * kHeadDim * 2 && Layout::kQTileBytes == kBlockM * kHeadDim * 2);
   static_assert(kWarps % kDqWarpsM == 0 && kDqTilesPerWarp % kDqTilesPerPass == 0 && kDqTilesPerPass % 2 == 0);
   static_assert(kBlockM / kChunk >= 8 && kHeadDim / kChunk >= 8, "the swizzle needs rows of >= 8 chunks");
 };
@@ -160,7 +150,7 @@ __global__ void preprocess_kernel(const __grid_constant__ AttentionBackwardParam
   }
 }
 
-/// \brief dq[b, i, h, :] = softmax_scale * dQ accumulator, eight elements per thread.
+/// \brief dq[b, i, h, :] = softmax_scale * dQ accumulator, eight elements per thread (16-bit or fp32).
 template <typename Element>
 __global__ void convert_dq_kernel(const __grid_constant__ AttentionBackwardParams p, const float* dq_accum,
                                   int64_t m_pad) {
@@ -175,13 +165,19 @@ __global__ void convert_dq_kernel(const __grid_constant__ AttentionBackwardParam
     const int64_t b = bh / p.heads, h = bh % p.heads;
     const float4* src = reinterpret_cast<const float4*>(dq_accum + (bh * m_pad + i) * p.head_dim + chunk * 8);
     const float4 x = src[0], y = src[1];
-    uint4 packed;
-    packed.x = pack_pair<Element>(x.x * scale, x.y * scale);
-    packed.y = pack_pair<Element>(x.z * scale, x.w * scale);
-    packed.z = pack_pair<Element>(y.x * scale, y.y * scale);
-    packed.w = pack_pair<Element>(y.z * scale, y.w * scale);
     Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + i * p.dq_row_stride + h * p.dq_head_stride;
-    *reinterpret_cast<uint4*>(dq + chunk * 8) = packed;
+    if constexpr (std::is_same_v<Element, float>) {
+      float4* out = reinterpret_cast<float4*>(dq + chunk * 8);
+      out[0] = make_float4(x.x * scale, x.y * scale, x.z * scale, x.w * scale);
+      out[1] = make_float4(y.x * scale, y.y * scale, y.z * scale, y.w * scale);
+    } else {
+      uint4 packed;
+      packed.x = pack_pair<Element>(x.x * scale, x.y * scale);
+      packed.y = pack_pair<Element>(x.z * scale, x.w * scale);
+      packed.z = pack_pair<Element>(y.x * scale, y.y * scale);
+      packed.w = pack_pair<Element>(y.z * scale, y.w * scale);
+      *reinterpret_cast<uint4*>(dq + chunk * 8) = packed;
+    }
   }
 }
 
@@ -201,6 +197,46 @@ __device__ __forceinline__ void wait_for_turn(const int* semaphore, int turn) {
 __device__ __forceinline__ void pass_turn(int* semaphore) {
   __syncthreads();
   if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(semaphore) : "memory");
+}
+
+// The deterministic dQ: waits until key block n_block may add into query block m_index, in a fixed
+// order of the key blocks. Non-causal: ascending, every block visits the query blocks in the same
+// order, so block n waits for block n - 1 (launched before it). Causal (blocks launched last key
+// block first): descending from the last key block that sees m, since block n + 1 starts at a later
+// query block than block n and gets to m first, and it launched first.
+template <bool kCausal>
+__device__ __forceinline__ void wait_for_dq_turn(const int* semaphore, int64_t n_block, int64_t m_index,
+                                                 int64_t block_m, int64_t block_n, int64_t causal_offset) {
+  int turn = static_cast<int>(n_block);
+  if constexpr (kCausal) {
+    const int64_t last_seeing = ((m_index + 1) * block_m + causal_offset - 1) / block_n;
+    turn = static_cast<int>(min(last_seeing, static_cast<int64_t>(gridDim.x) - 1) - n_block);
+  }
+  wait_for_turn(semaphore, turn);
+}
+
+// The top of step s (in buffers `buf`) of a block's walk over its steps: issue step s + 1's copies
+// into the other buffers (read last in step s - 1, before its final barrier), wait for step s's,
+// and meet at a block barrier.
+template <typename IssueStep>
+__device__ __forceinline__ void begin_step(int64_t s, int64_t steps, int buf, const IssueStep& issue_step) {
+  if (s + 1 < steps) {
+    issue_step(s + 1, buf ^ 1);
+    mma::commit_copies();
+    mma::wait_copies<1>();
+  } else {
+    mma::wait_copies<0>();
+  }
+  __syncthreads();  // step s's tiles visible to every warp; every warp is done with step s - 1's shared dS
+}
+
+template <int kTiles>
+__device__ __forceinline__ void zero_fill(float (&acc)[kTiles][4]) {
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+  }
 }
 
 /// \brief One block: kBlockN keys of one (batch, kv head).
@@ -247,8 +283,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
                                            p.do_row_stride, p.seqlen_q - m0);
     static_assert(kBlockM / 2 <= kThreads);
     copy_step_vectors<kBlockM>(ws, blk.workspace_row(p, ws.m_pad, h, m0),
-                               base + Traits::kLseOffset + buf * Traits::kRowBytes,
-                               base + Traits::kDOffset + buf * Traits::kRowBytes);
+                               base + Traits::kLseOffset + buf * Traits::kVecBytes,
+                               base + Traits::kDOffset + buf * Traits::kVecBytes);
   };
 
   if (steps > 0) issue_step(0, 0);
@@ -256,11 +292,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 
   float dk[Traits::kDimTiles][4];
   float dv[Traits::kDimTiles][4];
-#pragma unroll
-  for (int dt = 0; dt < Traits::kDimTiles; ++dt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
-  }
+  zero_fill(dk);
+  zero_fill(dv);
 
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   const int key_row = warp * 16;  // this warp's keys within the block
@@ -281,14 +314,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 
   for (int64_t s = 0; s < steps; ++s) {
     const int buf = static_cast<int>(s & 1);
-    if (s + 1 < steps) {
-      issue_step(s + 1, buf ^ 1);  // the other buffers: read last in step s - 1, before its dS barrier
-      mma::commit_copies();
-      mma::wait_copies<1>();
-    } else {
-      mma::wait_copies<0>();
-    }
-    __syncthreads();  // step s's tiles visible to every warp; every warp is done with dS^T of step s - 1
+    begin_step(s, steps, buf, issue_step);
 
     const int64_t h = blk.head(s);
     const int64_t m_index = blk.m_block(s);
@@ -389,16 +415,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     float* dq_rows = ws.dq_accum + (blk.workspace_row(p, ws.m_pad, h, m0) + 16 * dq_m) * kHeadDim;
     int* semaphore = kDeterministic ? ws.semaphores + blk.workspace_row(p, ws.m_pad, h, m0) / kBlockM : nullptr;
     if constexpr (kDeterministic) {
-      // The fixed order of the key blocks adding into query block m. Non-causal: ascending, every
-      // block visits the query blocks in the same order, so block n waits for block n - 1 (launched
-      // before it). Causal: descending from the last key block that sees m: block n + 1 starts
-      // one or two query blocks later than block n and gets to m first, and it launched first.
-      int turn = static_cast<int>(n_block);
-      if constexpr (kCausal) {
-        const int64_t last_seeing = ((m_index + 1) * kBlockM + causal_offset - 1) / kBlockN;
-        turn = static_cast<int>(min(last_seeing, static_cast<int64_t>(gridDim.x) - 1) - n_block);
-      }
-      wait_for_turn(semaphore, turn);
+      wait_for_dq_turn<kCausal>(semaphore, n_block, m_index, kBlockM, kBlockN, causal_offset);
     }
 #pragma unroll
     for (int pass = 0; pass < Traits::kDqTilesPerWarp / Traits::kDqTilesPerPass; ++pass) {
@@ -467,6 +484,10 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps)
 template <int kHeadDim>
 using FlashBwdMmaTraitsFor = FlashBwdMmaTraits<__half, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>;
 
+// The smallest query block (rows per step) of the flash backwards sharing the workspace layout:
+// the deterministic semaphores are counted in it (the fp32 backward's at head dim 128).
+inline constexpr int kFlashBwdMinBlockM = 32;
+
 // Keys per block of the main kernel for a head dim (the same for both 16-bit types), 0 if unsupported.
 inline int64_t flash_bwd_mma_block_n(int64_t head_dim) {
   switch (head_dim) {
@@ -485,14 +506,15 @@ inline int flash_bwd_mma_smem_bytes(int64_t head_dim) {
   }
 }
 
-// Bytes of the workspace: dQ accumulator, lse * log2(e), D, and (deterministic) the semaphores.
+// Bytes of the workspace: dQ accumulator, lse * log2(e), D, and (deterministic) the semaphores,
+// one per query block of the smallest query block of any flash backward (kFlashBwdMinBlockM).
 inline size_t flash_bwd_mma_workspace_bytes(const AttentionBackwardParams& p, int64_t* m_pad) {
   constexpr int64_t kBlockM = FlashBwdMmaTraitsFor<64>::kBlockM;
-  static_assert(kBlockM == FlashBwdMmaTraitsFor<128>::kBlockM);
+  static_assert(kBlockM == FlashBwdMmaTraitsFor<128>::kBlockM && kBlockM % kFlashBwdMinBlockM == 0);
   *m_pad = (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM;
   const int64_t rows = p.batch * p.heads * *m_pad;
   size_t bytes = static_cast<size_t>(rows) * (p.head_dim + 2) * sizeof(float);
-  if (p.deterministic) bytes += static_cast<size_t>(rows / kBlockM) * sizeof(int);
+  if (p.deterministic) bytes += static_cast<size_t>(rows / kFlashBwdMinBlockM) * sizeof(int);
   return bytes;
 }
 
@@ -501,25 +523,24 @@ inline size_t flash_bwd_mma_workspace_bytes(const AttentionBackwardParams& p, in
 template <typename Element, int kHeadDim>
 Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream);
 
-template <typename Element, int kHeadDim, int kWarps, bool kCausal, bool kDeterministic>
-Status launch_flash_bwd_mma_main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, cudaStream_t stream) {
-  using Traits = FlashBwdMmaTraits<Element, kHeadDim, kWarps>;
+/// \brief Launches a flash backward's main kernel over grid backward_grid(p, block_n).
+template <typename Kernel>
+Status launch_backward_main(Kernel kernel, const AttentionBackwardParams& p, const FlashBwdWorkspace& ws,
+                            int64_t block_n, int threads, int smem_bytes, cudaStream_t stream, const char* what) {
   dim3 grid;
-  if (Status s = backward_grid(p, Traits::kBlockN, "mma", &grid); !s.ok()) return s;
-  const auto kernel = flash_bwd_mma_kernel<Element, kHeadDim, kWarps, kCausal, kDeterministic>;
-  WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, ws);
-  return cuda_status(cudaGetLastError(), "flash_bwd_mma_kernel launch");
+  if (Status s = backward_grid(p, block_n, "mma", &grid); !s.ok()) return s;
+  WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  kernel<<<grid, threads, smem_bytes, stream>>>(p, ws);
+  return cuda_status(cudaGetLastError(), what);
 }
 
-template <typename Element, int kHeadDim, int kWarps>
-Status launch_flash_bwd_mma_main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, cudaStream_t stream) {
+/// \brief Calls launch(causal, deterministic) with p's flags as std::bool_constant values.
+template <typename Launch>
+Status with_backward_flags(const AttentionBackwardParams& p, Launch launch) {
   if (p.is_causal) {
-    return p.deterministic ? launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, true, true>(p, ws, stream)
-                           : launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, true, false>(p, ws, stream);
+    return p.deterministic ? launch(std::true_type{}, std::true_type{}) : launch(std::true_type{}, std::false_type{});
   }
-  return p.deterministic ? launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, false, true>(p, ws, stream)
-                         : launch_flash_bwd_mma_main<Element, kHeadDim, kWarps, false, false>(p, ws, stream);
+  return p.deterministic ? launch(std::false_type{}, std::true_type{}) : launch(std::false_type{}, std::false_type{});
 }
 
 /// \brief Every flash backward's launch sequence over `workspace` (flash_bwd_mma_workspace_bytes):
@@ -530,7 +551,8 @@ Status launch_flash_backward(const AttentionBackwardParams& p, void* workspace, 
   constexpr int64_t kMaxGrid = 1 << 20;  // grid-stride kernels: enough blocks to fill any GPU
   FlashBwdWorkspace ws;
   flash_bwd_mma_workspace_bytes(p, &ws.m_pad);
-  static_assert(kBlockM == FlashBwdMmaTraitsFor<kHeadDim>::kBlockM, "the workspace's row padding");
+  static_assert(FlashBwdMmaTraitsFor<kHeadDim>::kBlockM % kBlockM == 0 && kBlockM >= kFlashBwdMinBlockM,
+                "the workspace's row padding and semaphores");
   const int64_t rows = p.batch * p.heads * ws.m_pad;
   ws.dq_accum = static_cast<float*>(workspace);
   ws.lse_log2 = ws.dq_accum + rows * kHeadDim;
@@ -560,7 +582,12 @@ template <typename Element, int kHeadDim>
 Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
   using Traits = FlashBwdMmaTraits<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>;
   return launch_flash_backward<Element, kHeadDim, Traits::kBlockM>(p, workspace, stream, [&](const FlashBwdWorkspace& ws) {
-    return launch_flash_bwd_mma_main<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>(p, ws, stream);
+    return with_backward_flags(p, [&](auto causal, auto deterministic) {
+      const auto kernel = flash_bwd_mma_kernel<Element, kHeadDim, Traits::kWarps, decltype(causal)::value,
+                                               decltype(deterministic)::value>;
+      return launch_backward_main(kernel, p, ws, Traits::kBlockN, Traits::kThreads, Traits::kSmemBytes, stream,
+                                  "flash_bwd_mma_kernel launch");
+    });
   });
 }
 

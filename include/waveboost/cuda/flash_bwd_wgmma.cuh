@@ -35,7 +35,7 @@ namespace waveboost::cuda {
 
 /// \brief Compile-time choices of the wgmma backward.
 template <typename Element_, int kHeadDim_>
-struct FlashBwdWgmmaTraits {
+struct FlashBwdWgmmaTraits : BackwardSmemLayout<128, 64, kHeadDim_, 2> {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarpgroups = 2;
@@ -53,26 +53,18 @@ struct FlashBwdWgmmaTraits {
   static constexpr int kKeySlices = kKeysPerWarpgroup / 16;  // k16 slices of one warpgroup's dQ share
   static constexpr int kDqPasses = kHeadDim / 64;          // 64-column passes of dQ
 
-  static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kDsTileBytes = kBlockN * kBlockM * 2;
-  static constexpr int kVecBytes = kBlockM * 4;
   static constexpr int kAtomBytes = 1024;
-  // K, V, Q[2], dO[2], dS^T, lse*log2e[2], D[2]; tiles on 1024 B boundaries.
-  static constexpr int kKOffset = 0;
-  static constexpr int kVOffset = kKOffset + kKVTileBytes;
-  static constexpr int kQOffset = kVOffset + kKVTileBytes;
-  static constexpr int kDoOffset = kQOffset + 2 * kQTileBytes;
-  static constexpr int kDsOffset = kDoOffset + 2 * kQTileBytes;
-  static constexpr int kLseOffset = kDsOffset + kDsTileBytes;
-  static constexpr int kDOffset = kLseOffset + 2 * kVecBytes;
-  static constexpr int kSmemBytes = kDOffset + 2 * kVecBytes + kAtomBytes;
+  // BackwardSmemLayout's tiles on 1024 B boundaries (kAtomBytes more for aligning the window).
+  using Layout = BackwardSmemLayout<128, 64, kHeadDim_, 2>;
+  static constexpr int kSmemBytes = Layout::kLayoutBytes + kAtomBytes;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(sizeof(Element) == 2, "16-bit elements");
+  static_assert(Layout::kKVTileBytes == kBlockN * kHeadDim * 2 && Layout::kQTileBytes == kBlockM * kHeadDim * 2);
   static_assert(kBlockM * 2 == kRowBytes, "a dS^T row (kBlockM queries) is one 128 B swizzle row");
   static_assert(kRowsPerCopyPass % 8 == 0 && kBlockM % kRowsPerCopyPass == 0 && kBlockN % kRowsPerCopyPass == 0);
-  static_assert(kQTileBytes % kAtomBytes == 0 && kKVTileBytes % kAtomBytes == 0 && kDsTileBytes % kAtomBytes == 0);
+  static_assert(Layout::kQTileBytes % kAtomBytes == 0 && Layout::kKVTileBytes % kAtomBytes == 0 &&
+                Layout::kDsTileBytes % kAtomBytes == 0);
 };
 
 namespace wgmma {

@@ -25,6 +25,25 @@ struct FlashBwdWorkspace {
   int64_t m_pad = 0;
 };
 
+/// \brief Shared memory of a flash backward block, in this order: K, V (kBlockN rows), Q[2], dO[2]
+/// (kBlockM rows, double-buffered), dS (kBlockN x kBlockM), and the step vectors lse * log2(e)[2]
+/// and D[2] (kBlockM floats each). Tiles hold kElementBytes per element; kLayoutBytes is the end.
+template <int kBlockN, int kBlockM, int kHeadDim, int kElementBytes>
+struct BackwardSmemLayout {
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElementBytes;
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * kElementBytes;
+  static constexpr int kDsTileBytes = kBlockN * kBlockM * kElementBytes;
+  static constexpr int kVecBytes = kBlockM * 4;
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKVTileBytes;
+  static constexpr int kQOffset = kVOffset + kKVTileBytes;
+  static constexpr int kDoOffset = kQOffset + 2 * kQTileBytes;
+  static constexpr int kDsOffset = kDoOffset + 2 * kQTileBytes;
+  static constexpr int kLseOffset = kDsOffset + kDsTileBytes;
+  static constexpr int kDOffset = kLseOffset + 2 * kVecBytes;
+  static constexpr int kLayoutBytes = kDOffset + 2 * kVecBytes;
+};
+
 /// \brief One block of a flash backward: block_n keys from n0 of one (batch, kv head), and the
 /// steps it walks: for each query head of the kv head's group, the query blocks that see a key
 /// of the block (all, or under the causal mask those from the one holding the first row that
