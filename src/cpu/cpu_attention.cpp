@@ -29,15 +29,6 @@
 namespace waveboost::cpu {
 namespace {
 
-// Micro-tiles sized to the register file: the accumulators plus kTileVecs
-// streamed vectors and a broadcast must fit (32 zmm with AVX-512, 16 ymm/xmm
-// otherwise). With AVX-512 on Zen 5, fp32, 8x2 measured 3% ahead of 4x4 and
-// 6x4 and 13% ahead of 12x2. Avx2Config (6x2) is in flash_kernel_avx2.h.
-template <typename T>
-using Avx512Config = KernelConfig<T, 64 / sizeof(T), 8, 2>;
-template <typename T>
-using BaselineConfig = KernelConfig<T, 16 / sizeof(T), 4, 2>;
-
 using QueryBlockKernel = void (*)(const AttentionParams&, const QueryBlock&);
 
 template <typename T>
@@ -63,24 +54,6 @@ __attribute__((target("avx512f,avx2,fma"))) void query_block_avx512(const Attent
   attention_query_block<C>(params, block, thread_scratch<typename C::Element>());
 }
 #endif
-
-enum class Isa { kBaseline, kAvx2, kAvx512 };
-
-Isa detect_isa() {
-  Isa best = Isa::kBaseline;
-#ifdef WAVEBOOST_CPU_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
-  if (best == Isa::kAvx2 && __builtin_cpu_supports("avx512f")) best = Isa::kAvx512;
-#endif
-  // WAVEBOOST_CPU_ISA=avx2|baseline caps the choice (to test the other paths
-  // on a machine that has AVX-512); it never enables what the CPU lacks.
-  if (const char* cap = std::getenv("WAVEBOOST_CPU_ISA")) {
-    if (std::strcmp(cap, "baseline") == 0) best = Isa::kBaseline;
-    if (std::strcmp(cap, "avx2") == 0 && best == Isa::kAvx512) best = Isa::kAvx2;
-  }
-  return best;
-}
 
 template <typename T>
 QueryBlockKernel select_kernel() {

@@ -6,22 +6,36 @@
 //   dQ = scale * dS K,   dK = scale * dS^T Q.
 // (dlse, the gradient flowing into lse = log rowsum(exp S), adds dlse_i * P_ij to dS.)
 //
-// Nothing of size seqlen_q x seqlen_k is stored: P is recomputed tile by tile, twice.
-//  1. One task per (batch, head, block of kBlockM query rows) computes its rows' statistics
-//     (lse, D) into two (batch, heads, seqlen_q) buffers, then dQ for those rows.
-//  2. One task per (batch, kv head, block of kBlockN keys) computes dK and dV for those keys,
-//     summing over every query head of the kv head's group (GQA) and every query row.
+// Nothing of size seqlen_q x seqlen_k is stored: P is recomputed tile by tile, in two phases.
+//  1. One task per (batch, head, block of kBlockM query rows): its rows' statistics (lse * log2(e)
+//     and D - dlse) into two (batch, heads, seqlen_q) buffers, then dQ for those rows, with the
+//     scores transposed (S^T, queries along the SIMD lanes, as in the forward):
+//       S^T = K (c Q^T),  dP^T = V dO^T,  dS^T = P^T * (dP^T - D),  dQ += dS^T^T K
+//  2. One task per (batch, kv head, block of kBlockN keys): dK and dV for those keys, summing over
+//     every query head of the kv head's group (GQA) and every query row, keys along the lanes:
+//       S = Q (c K^T),  dP = dO V^T,  dS = P * (dP - D),  dV += P^T dO,  dK += dS^T Q
+//  (c = softmax_scale * log2(e): the scores are base-2, P = 2^(S - lse log2(e)).)
+// Each product runs on the forward's register-blocked micro-tiles (flash_kernel.h: scores_tile for
+// the score-shaped ones, accumulate_pv for the rest), compiled for the host's widest instruction
+// set, as is the vectorized exp2.
 // Each element of dq, dk and dv is written by one task, and each task's arithmetic follows a
 // fixed order that depends only on its index: the gradients are bitwise reproducible whatever
 // the thread count (deterministic by construction; the `deterministic` flag changes nothing).
 //
-// P is exp(S - lse) with the caller's lse, as on every backend: a caller may pass an lse over
-// more keys than this call sees (ring attention passes the merged lse of every KV shard, with the
-// merged out), and D then uses that out. The lse is float32, though, which would cap float64
-// gradients at float32 accuracy; so each row's logsumexp over this call's keys is recomputed in
-// the working precision, and it replaces the given one when the two agree to within float32
-// rounding (the given one is then that value rounded, and the recomputed one the same number
-// more precisely).
+// P is 2^(S - lse log2(e)) with the caller's lse, as on every backend: a caller may pass an lse
+// over more keys than this call sees (ring attention passes the merged lse of every KV shard,
+// with the merged out), and D then uses that out. The lse is float32, though, which would cap
+// float64 gradients at float32 accuracy; so in float64 each row's logsumexp over this call's keys
+// is recomputed (one more sweep of S^T), and it replaces the given one when the two agree to
+// within float32 rounding (the given one is then that value rounded, and the recomputed one the
+// same number more precisely).
+// GCC warns that the kernel's helpers returning 32/64-byte vectors would pass them differently
+// without AVX enabled; they are always inlined into the target("...") functions below (as in
+// cpu_attention.cpp).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -30,14 +44,17 @@
 #include <exception>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_attention.h"
+#include "flash_kernel.h"
+#include "flash_kernel_avx2.h"
 #include "thread_pool.h"
 
 // The per-task functions are always inlined into the wrappers below, which are compiled for
 // AVX-512, AVX2+FMA or the baseline instruction set and picked at run time (as the forward's
-// kernels are): the axpy loops then vectorize at the host's full width.
+// kernels are).
 #define CPU_BWD_INLINE inline __attribute__((always_inline))
 
 namespace waveboost::cpu {
@@ -114,140 +131,216 @@ CPU_BWD_INLINE T refined_lse(float given, T local) {
   return std::fabs(static_cast<T>(given) - local) <= 2 * ulp ? local : static_cast<T>(given);
 }
 
-// Keys [j0, j0 + n) of one kv head packed transposed: kt[d * kBlockN + j] = k[j0 + j][d], so
-// score rows are built from contiguous axpy steps (vectorizable without reassociation).
+// Per-thread scratch of the two phases (flash_kernel.h's ScratchArray: 64-byte aligned, grows only).
 template <typename T>
-CPU_BWD_INLINE void pack_transposed(const Problem<T>& pr, bool values, int64_t b, int64_t hk, int64_t j0, int64_t n, T* out) {
-  const int64_t d_count = pr.p.head_dim;
+struct BackwardScratch {
+  ScratchArray<T> rows_t;   // (head_dim, padded): c Q^T (phase 1) or c K^T (phase 2)
+  ScratchArray<T> grads_t;  // (head_dim, padded): dO^T (phase 1) or V^T (phase 2)
+  ScratchArray<T> s;        // scores, then P
+  ScratchArray<T> ds;       // dP, then dS
+  ScratchArray<T> tile;     // rows copied with zero-padded head dims: K (phase 1), Q (phase 2)
+  ScratchArray<T> tile2;    // and dO (phase 2)
+  ScratchArray<T> acc;      // dQ (phase 1), dK (phase 2)
+  ScratchArray<T> acc2;     // dV (phase 2)
+  ScratchArray<T> vec[6];   // per-row vectors
+};
+
+template <typename T>
+BackwardScratch<T>& thread_scratch() {
+  thread_local BackwardScratch<T> scratch;
+  return scratch;
+}
+
+// dst (head_dim, ld) = scale * src rows^T; columns n .. ld - 1 zero.
+template <typename T>
+CPU_BWD_INLINE void pack_transposed(const T* rows, int64_t row_stride, int64_t n, int64_t head_dim, T scale, int64_t ld,
+                                    T* dst) {
+  std::fill(dst, dst + head_dim * ld, T(0));
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < head_dim; ++d) dst[d * ld + j] = rows[j * row_stride + d] * scale;
+}
+
+// dst (n, dim_padded) = src rows, zero-padded past head_dim.
+template <typename T>
+CPU_BWD_INLINE void copy_rows(const T* rows, int64_t row_stride, int64_t n, int64_t head_dim, int64_t dim_padded,
+                              T* dst) {
   for (int64_t j = 0; j < n; ++j) {
-    const T* row = values ? pr.v_row(b, hk, j0 + j) : pr.k_row(b, hk, j0 + j);
-    for (int64_t d = 0; d < d_count; ++d) out[d * kBlockN + j] = row[d];
+    std::copy(rows + j * row_stride, rows + j * row_stride + head_dim, dst + j * dim_padded);
+    std::fill(dst + j * dim_padded + head_dim, dst + (j + 1) * dim_padded, T(0));
   }
 }
 
-// dst[0, n) = sum_d x[d] * packed[d][0, n), in order of d.
-template <typename T>
-CPU_BWD_INLINE void row_times_packed(const T* x, const T* packed, int64_t head_dim, int64_t n, T* dst) {
-  std::fill(dst, dst + n, T(0));
-  for (int64_t d = 0; d < head_dim; ++d) {
-    const T xd = x[d];
-    const T* col = packed + d * kBlockN;
-    for (int64_t j = 0; j < n; ++j) dst[j] += xd * col[j];
-  }
-}
-
-// acc[0, head_dim) += a * x[0, head_dim)
-template <typename T>
-CPU_BWD_INLINE void axpy(T a, const T* x, int64_t head_dim, T* acc) {
-  for (int64_t d = 0; d < head_dim; ++d) acc[d] += a * x[d];
+// P = 2^(s - lse2) and dS = P * (dp - shift) in place over one vector of `ld`-strided entries:
+// `limit` (per lane, as T) is how many entries along the other axis are visible, `index` the
+// lane's position along it. lse2 = +inf (a row that sees no key) gives P = 0.
+template <class C, typename Mask>
+CPU_BWD_INLINE void probabilities(typename Simd<typename C::Element, C::kLanes>::Vec score_shift,
+                                  typename Simd<typename C::Element, C::kLanes>::Vec d_shift, Mask visible,
+                                  typename C::Element* s, typename C::Element* dp) {
+  using T = typename C::Element;
+  using S = Simd<T, C::kLanes>;
+  const typename S::Vec prob = exp2_simd<T, C::kLanes>(S::load(s) - score_shift);
+  const typename S::Vec masked = visible ? prob : S::splat(0);  // a comparison's lanes: all ones or zero
+  S::store(s, masked);
+  S::store(dp, masked * (S::load(dp) - d_shift));
 }
 
 // Task of phase 1: statistics and dQ of query rows [i0, i0 + m) of head h.
-template <typename T>
-CPU_BWD_INLINE void query_block(const Problem<T>& pr, int64_t b, int64_t h, int64_t i0, int64_t m, T* lse_buf, T* delta_buf) {
+template <class C>
+CPU_BWD_INLINE void query_block(const Problem<typename C::Element>& pr, int64_t b, int64_t h, int64_t i0, int64_t m,
+                                typename C::Element* lse2_buf, typename C::Element* shift_buf) {
+  using T = typename C::Element;
+  using S = Simd<T, C::kLanes>;
+  using Vec = typename S::Vec;
   const AttentionBackwardParams& p = pr.p;
   const int64_t head_dim = p.head_dim, hk = h / pr.group();
-  const int64_t stat = (b * p.heads + h) * p.seqlen_q;  // this head's offset in the statistics buffers
+  const int64_t dim_padded = round_up(head_dim, C::kLanes), mp = round_up(m, C::kLanes);
+  const int64_t stat = (b * p.heads + h) * p.seqlen_q + i0;  // this block's offset in the statistics buffers
   const int64_t keys_needed = pr.visible_keys(i0 + m - 1);  // the block's last row sees the most keys
-  std::vector<T> kt(static_cast<size_t>(head_dim * kBlockN)), vt(kt.size());
-  std::vector<T> s(kBlockN), dp(kBlockN);
+  const int64_t first_row_keys = pr.visible_keys(i0);
+  const T c = static_cast<T>(p.softmax_scale * kLog2e);
+  BackwardScratch<T>& sc = thread_scratch<T>();
+  T* q_t = sc.rows_t.get(head_dim * mp);
+  T* do_t = sc.grads_t.get(head_dim * mp);
+  T* st = sc.s.get(kBlockN * mp);
+  T* dpt = sc.ds.get(kBlockN * mp);
+  T* k_tile = sc.tile.get(kBlockN * dim_padded);
+  T* dq = sc.acc.get(mp * dim_padded);
+  T* lse2 = sc.vec[0].get(mp);
+  T* shift = sc.vec[1].get(mp);
+  T* ones = sc.vec[2].get(mp);
+  T* key_limit = sc.vec[3].get(mp);
+  pack_transposed(pr.q_row(b, h, i0), p.q_row_stride, m, head_dim, c, mp, q_t);
+  pack_transposed(pr.do_row(b, h, i0), p.do_row_stride, m, head_dim, T(1), mp, do_t);
+  const T* k = pr.k_row(b, hk, 0);
+  const T* v = pr.v_row(b, hk, 0);
+  std::fill(ones, ones + mp, T(1));
+  const auto set_key_limits = [&](int64_t j0, int64_t n) {
+    for (int64_t r = 0; r < mp; ++r)
+      key_limit[r] = static_cast<T>(r < m ? std::clamp<int64_t>(pr.visible_keys(i0 + r) - j0, 0, n) : 0);
+  };
 
-  // Sweep 1: each row's running max and sum (online softmax) over its visible keys, then lse;
-  // and D = dO . O.
-  std::vector<T> row_max(m, -std::numeric_limits<T>::infinity()), row_sum(m, T(0));
-  for (int64_t j0 = 0; j0 < keys_needed; j0 += kBlockN) {
-    const int64_t n = std::min(kBlockN, keys_needed - j0);
-    pack_transposed(pr, false, b, hk, j0, n, kt.data());
-    for (int64_t r = 0; r < m; ++r) {
-      const int64_t visible = std::min(n, pr.visible_keys(i0 + r) - j0);
-      if (visible <= 0) continue;
-      row_times_packed(pr.q_row(b, h, i0 + r), kt.data(), head_dim, visible, s.data());
-      T tile_max = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < visible; ++j) tile_max = std::max(tile_max, s[j] * pr.scale);
-      const T new_max = std::max(row_max[r], tile_max);
-      T sum = row_sum[r] * std::exp(row_max[r] - new_max);
-      for (int64_t j = 0; j < visible; ++j) sum += std::exp(s[j] * pr.scale - new_max);
-      row_max[r] = new_max, row_sum[r] = sum;
+  // Row statistics: lse * log2(e) (+inf where lse is -inf: P = 0) and D - dlse.
+  for (int64_t r = 0; r < mp; ++r) {
+    lse2[r] = std::numeric_limits<T>::infinity();
+    shift[r] = T(0);
+  }
+  if constexpr (std::is_same_v<T, double>) {
+    // float64: this call's logsumexp per row (the forward's online softmax over S^T), to refine the
+    // float32 lse with.
+    T* row_max = sc.vec[4].get(mp);
+    T* row_sum = sc.vec[5].get(mp);
+    T* alpha = dq;  // scratch until the dQ sweep
+    std::fill(row_max, row_max + mp, -std::numeric_limits<T>::infinity());
+    std::fill(row_sum, row_sum + mp, T(0));
+    for (int64_t j0 = 0; j0 < keys_needed; j0 += kBlockN) {
+      const int64_t n = std::min(kBlockN, keys_needed - j0);
+      TileSteps<C>::scores(k + j0 * p.k_row_stride, p.k_row_stride, n, q_t, mp, mp, head_dim, st);
+      set_key_limits(j0, n);
+      online_softmax_tile<C>(n, mp, mp, key_limit, true, st, row_max, row_sum, alpha);
     }
+    for (int64_t r = 0; r < m; ++r) {
+      const T local = row_sum[r] > T(0) ? row_max[r] * static_cast<T>(kLn2) + std::log(row_sum[r])
+                                        : -std::numeric_limits<T>::infinity();
+      lse2[r] = refined_lse(pr.lse(b, h, i0 + r), local);
+    }
+  } else {
+    for (int64_t r = 0; r < m; ++r) lse2[r] = pr.lse(b, h, i0 + r);
   }
   for (int64_t r = 0; r < m; ++r) {
-    const int64_t i = i0 + r;
-    const T local = row_sum[r] > T(0) ? row_max[r] + std::log(row_sum[r]) : -std::numeric_limits<T>::infinity();
-    lse_buf[stat + i] = refined_lse(pr.lse(b, h, i), local);
-    const T* o = pr.o_row(b, h, i);
-    const T* dout = pr.do_row(b, h, i);
+    lse2[r] = std::isinf(lse2[r]) && lse2[r] < 0 ? std::numeric_limits<T>::infinity() : lse2[r] * static_cast<T>(kLog2e);
+    const T* o = pr.o_row(b, h, i0 + r);
+    const T* dout = pr.do_row(b, h, i0 + r);
     T dot = 0;
     for (int64_t d = 0; d < head_dim; ++d) dot += dout[d] * o[d];
-    delta_buf[stat + i] = dot;
+    shift[r] = dot - pr.dlse(b, h, i0 + r);
+    lse2_buf[stat + r] = lse2[r];
+    shift_buf[stat + r] = shift[r];
   }
 
-  // Sweep 2: dQ.
-  std::vector<T> acc(static_cast<size_t>(m * head_dim), T(0));  // dQ / scale of the block
+  // dQ / scale = sum over key tiles of dS^T^T K.
+  std::fill(dq, dq + mp * dim_padded, T(0));
   for (int64_t j0 = 0; j0 < keys_needed; j0 += kBlockN) {
     const int64_t n = std::min(kBlockN, keys_needed - j0);
-    pack_transposed(pr, false, b, hk, j0, n, kt.data());
-    pack_transposed(pr, true, b, hk, j0, n, vt.data());
-    for (int64_t r = 0; r < m; ++r) {
-      const int64_t i = i0 + r;
-      const T lse = lse_buf[stat + i];
-      const int64_t visible = std::min(n, pr.visible_keys(i) - j0);
-      if (visible <= 0 || std::isinf(lse)) continue;
-      row_times_packed(pr.q_row(b, h, i), kt.data(), head_dim, visible, s.data());
-      row_times_packed(pr.do_row(b, h, i), vt.data(), head_dim, visible, dp.data());
-      const T shift = delta_buf[stat + i] - pr.dlse(b, h, i);
-      T* acc_row = acc.data() + r * head_dim;
-      for (int64_t j = 0; j < visible; ++j) {
-        const T prob = std::exp(s[j] * pr.scale - lse);
-        const T ds = prob * (dp[j] - shift);
-        if (ds != T(0)) axpy(ds, pr.k_row(b, hk, j0 + j), head_dim, acc_row);
+    TileSteps<C>::scores(k + j0 * p.k_row_stride, p.k_row_stride, n, q_t, mp, mp, head_dim, st);
+    TileSteps<C>::scores(v + j0 * p.v_row_stride, p.v_row_stride, n, do_t, mp, mp, head_dim, dpt);
+    const bool apply_mask = j0 + n > first_row_keys;
+    if (apply_mask) set_key_limits(j0, n);
+    for (int64_t i = 0; i < mp; i += C::kLanes) {
+      const Vec lse_i = S::load(lse2 + i), shift_i = S::load(shift + i);
+      const Vec limit = apply_mask ? S::load(key_limit + i) : S::splat(static_cast<T>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        const auto visible = S::splat(static_cast<T>(j)) < limit;
+        probabilities<C>(lse_i, shift_i, visible, st + j * mp + i, dpt + j * mp + i);
       }
     }
+    copy_rows(k + j0 * p.k_row_stride, p.k_row_stride, n, head_dim, dim_padded, k_tile);
+    TileSteps<C>::pv(dpt, mp, k_tile, dim_padded, n, ones, mp, dim_padded, dq);
   }
   for (int64_t r = 0; r < m; ++r) {
-    T* dq = pr.dq_row(b, h, i0 + r);
-    const T* a = acc.data() + r * head_dim;
-    for (int64_t d = 0; d < head_dim; ++d) dq[d] = a[d] * pr.scale;
+    T* dq_row = pr.dq_row(b, h, i0 + r);
+    for (int64_t d = 0; d < head_dim; ++d) dq_row[d] = dq[r * dim_padded + d] * pr.scale;
   }
 }
 
 // Task of phase 2: dK and dV of keys [j0, j0 + n) of kv head hk, over its query heads.
-template <typename T>
-CPU_BWD_INLINE void key_block(const Problem<T>& pr, int64_t b, int64_t hk, int64_t j0, int64_t n, const T* lse_buf,
-               const T* delta_buf) {
+template <class C>
+CPU_BWD_INLINE void key_block(const Problem<typename C::Element>& pr, int64_t b, int64_t hk, int64_t j0, int64_t n,
+                              const typename C::Element* lse2_buf, const typename C::Element* shift_buf) {
+  using T = typename C::Element;
+  using S = Simd<T, C::kLanes>;
+  using Vec = typename S::Vec;
   const AttentionBackwardParams& p = pr.p;
   const int64_t head_dim = p.head_dim;
-  std::vector<T> kt(static_cast<size_t>(head_dim * kBlockN)), vt(kt.size());
-  pack_transposed(pr, false, b, hk, j0, n, kt.data());
-  pack_transposed(pr, true, b, hk, j0, n, vt.data());
-  std::vector<T> dk_acc(static_cast<size_t>(n * head_dim), T(0));  // dK / scale of the block
-  std::vector<T> dv_acc(dk_acc.size(), T(0));
-  std::vector<T> s(kBlockN), dp(kBlockN);
+  const int64_t dim_padded = round_up(head_dim, C::kLanes), np = round_up(n, C::kLanes);
+  const T c = static_cast<T>(p.softmax_scale * kLog2e);
+  BackwardScratch<T>& sc = thread_scratch<T>();
+  T* k_t = sc.rows_t.get(head_dim * np);
+  T* v_t = sc.grads_t.get(head_dim * np);
+  T* s = sc.s.get(kBlockM * np);
+  T* ds = sc.ds.get(kBlockM * np);
+  T* q_tile = sc.tile.get(kBlockM * dim_padded);
+  T* do_tile = sc.tile2.get(kBlockM * dim_padded);
+  T* dk = sc.acc.get(np * dim_padded);
+  T* dv = sc.acc2.get(np * dim_padded);
+  T* ones = sc.vec[0].get(np);
+  pack_transposed(pr.k_row(b, hk, j0), p.k_row_stride, n, head_dim, c, np, k_t);
+  pack_transposed(pr.v_row(b, hk, j0), p.v_row_stride, n, head_dim, T(1), np, v_t);
+  std::fill(dk, dk + np * dim_padded, T(0));
+  std::fill(dv, dv + np * dim_padded, T(0));
+  std::fill(ones, ones + np, T(1));
+  Vec lane_index;
+  for (int l = 0; l < C::kLanes; ++l) lane_index[l] = static_cast<T>(l);
+
   const int64_t first = pr.first_query(j0);  // the block's first key is seen by the most rows
   for (int64_t h = hk * pr.group(); h < (hk + 1) * pr.group(); ++h) {
     const int64_t stat = (b * p.heads + h) * p.seqlen_q;
-    for (int64_t i = first; i < p.seqlen_q; ++i) {
-      const T lse = lse_buf[stat + i];
-      const int64_t visible = std::min(n, pr.visible_keys(i) - j0);
-      if (visible <= 0 || std::isinf(lse)) continue;
-      const T* q = pr.q_row(b, h, i);
-      const T* dout = pr.do_row(b, h, i);
-      row_times_packed(q, kt.data(), head_dim, visible, s.data());
-      row_times_packed(dout, vt.data(), head_dim, visible, dp.data());
-      const T shift = delta_buf[stat + i] - pr.dlse(b, h, i);
-      for (int64_t j = 0; j < visible; ++j) {
-        const T prob = std::exp(s[j] * pr.scale - lse);
-        if (prob == T(0)) continue;
-        axpy(prob, dout, head_dim, dv_acc.data() + j * head_dim);
-        axpy(prob * (dp[j] - shift), q, head_dim, dk_acc.data() + j * head_dim);
+    for (int64_t i0 = first; i0 < p.seqlen_q; i0 += kBlockM) {
+      const int64_t m = std::min(kBlockM, p.seqlen_q - i0);
+      const T* q = pr.q_row(b, h, i0);
+      const T* dout = pr.do_row(b, h, i0);
+      TileSteps<C>::scores(q, p.q_row_stride, m, k_t, np, np, head_dim, s);
+      TileSteps<C>::scores(dout, p.do_row_stride, m, v_t, np, np, head_dim, ds);
+      for (int64_t r = 0; r < m; ++r) {
+        const Vec lse_r = S::splat(lse2_buf[stat + i0 + r]), shift_r = S::splat(shift_buf[stat + i0 + r]);
+        const Vec limit = S::splat(static_cast<T>(std::clamp<int64_t>(pr.visible_keys(i0 + r) - j0, 0, n)));
+        for (int64_t j = 0; j < np; j += C::kLanes) {
+          const auto visible = lane_index + static_cast<T>(j) < limit;
+          probabilities<C>(lse_r, shift_r, visible, s + r * np + j, ds + r * np + j);
+        }
       }
+      copy_rows(q, p.q_row_stride, m, head_dim, dim_padded, q_tile);
+      copy_rows(dout, p.do_row_stride, m, head_dim, dim_padded, do_tile);
+      TileSteps<C>::pv(s, np, do_tile, dim_padded, m, ones, np, dim_padded, dv);
+      TileSteps<C>::pv(ds, np, q_tile, dim_padded, m, ones, np, dim_padded, dk);
     }
   }
   for (int64_t j = 0; j < n; ++j) {
-    T* dk = pr.dk_row(b, hk, j0 + j);
-    T* dv = pr.dv_row(b, hk, j0 + j);
+    T* dk_row = pr.dk_row(b, hk, j0 + j);
+    T* dv_row = pr.dv_row(b, hk, j0 + j);
     for (int64_t d = 0; d < head_dim; ++d) {
-      dk[d] = dk_acc[j * head_dim + d] * pr.scale;
-      dv[d] = dv_acc[j * head_dim + d];
+      dk_row[d] = dk[j * dim_padded + d] * pr.scale;
+      dv_row[d] = dv[j * dim_padded + d];
     }
   }
 }
@@ -260,64 +353,71 @@ struct Tasks {
   KeyBlock key;
 };
 
-template <typename T>
-void query_block_baseline(const Problem<T>& pr, int64_t b, int64_t h, int64_t i0, int64_t m, T* lse, T* delta) {
-  query_block(pr, b, h, i0, m, lse, delta);
+template <class C>
+void query_block_baseline(const Problem<typename C::Element>& pr, int64_t b, int64_t h, int64_t i0, int64_t m,
+                          typename C::Element* lse2, typename C::Element* shift) {
+  query_block<C>(pr, b, h, i0, m, lse2, shift);
 }
-template <typename T>
-void key_block_baseline(const Problem<T>& pr, int64_t b, int64_t hk, int64_t j0, int64_t n, const T* lse,
-                        const T* delta) {
-  key_block(pr, b, hk, j0, n, lse, delta);
+template <class C>
+void key_block_baseline(const Problem<typename C::Element>& pr, int64_t b, int64_t hk, int64_t j0, int64_t n,
+                        const typename C::Element* lse2, const typename C::Element* shift) {
+  key_block<C>(pr, b, hk, j0, n, lse2, shift);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
 #define WAVEBOOST_CPU_BWD_X86 1
-template <typename T>
-__attribute__((target("avx2,fma"))) void query_block_avx2(const Problem<T>& pr, int64_t b, int64_t h, int64_t i0,
-                                                           int64_t m, T* lse, T* delta) {
-  query_block(pr, b, h, i0, m, lse, delta);
+template <class C>
+__attribute__((target("avx2,fma"))) void query_block_avx2(const Problem<typename C::Element>& pr, int64_t b,
+                                                           int64_t h, int64_t i0, int64_t m,
+                                                           typename C::Element* lse2, typename C::Element* shift) {
+  query_block<C>(pr, b, h, i0, m, lse2, shift);
 }
-template <typename T>
-__attribute__((target("avx2,fma"))) void key_block_avx2(const Problem<T>& pr, int64_t b, int64_t hk, int64_t j0,
-                                                         int64_t n, const T* lse, const T* delta) {
-  key_block(pr, b, hk, j0, n, lse, delta);
+template <class C>
+__attribute__((target("avx2,fma"))) void key_block_avx2(const Problem<typename C::Element>& pr, int64_t b,
+                                                         int64_t hk, int64_t j0, int64_t n,
+                                                         const typename C::Element* lse2,
+                                                         const typename C::Element* shift) {
+  key_block<C>(pr, b, hk, j0, n, lse2, shift);
 }
-template <typename T>
-__attribute__((target("avx512f,avx2,fma"))) void query_block_avx512(const Problem<T>& pr, int64_t b, int64_t h,
-                                                                    int64_t i0, int64_t m, T* lse, T* delta) {
-  query_block(pr, b, h, i0, m, lse, delta);
+template <class C>
+__attribute__((target("avx512f,avx2,fma"))) void query_block_avx512(const Problem<typename C::Element>& pr,
+                                                                    int64_t b, int64_t h, int64_t i0, int64_t m,
+                                                                    typename C::Element* lse2,
+                                                                    typename C::Element* shift) {
+  query_block<C>(pr, b, h, i0, m, lse2, shift);
 }
-template <typename T>
-__attribute__((target("avx512f,avx2,fma"))) void key_block_avx512(const Problem<T>& pr, int64_t b, int64_t hk,
-                                                                  int64_t j0, int64_t n, const T* lse,
-                                                                  const T* delta) {
-  key_block(pr, b, hk, j0, n, lse, delta);
+template <class C>
+__attribute__((target("avx512f,avx2,fma"))) void key_block_avx512(const Problem<typename C::Element>& pr,
+                                                                  int64_t b, int64_t hk, int64_t j0, int64_t n,
+                                                                  const typename C::Element* lse2,
+                                                                  const typename C::Element* shift) {
+  key_block<C>(pr, b, hk, j0, n, lse2, shift);
 }
 #endif
 
-// The widest instruction set the host has; WAVEBOOST_CPU_ISA=avx2|baseline caps it, as for the forward.
+// The forward's instruction set and micro-tile configurations (detect_isa, flash_kernel.h).
 template <typename T>
 Tasks<T> select_tasks() {
+  switch (detect_isa()) {
 #ifdef WAVEBOOST_CPU_BWD_X86
-  __builtin_cpu_init();
-  const char* cap = std::getenv("WAVEBOOST_CPU_ISA");
-  const bool baseline_only = cap != nullptr && std::strcmp(cap, "baseline") == 0;
-  const bool avx2_cap = cap != nullptr && std::strcmp(cap, "avx2") == 0;
-  const bool avx2 = !baseline_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2 && !avx2_cap && __builtin_cpu_supports("avx512f")) return {query_block_avx512<T>, key_block_avx512<T>};
-  if (avx2) return {query_block_avx2<T>, key_block_avx2<T>};
+    case Isa::kAvx512:
+      return {query_block_avx512<Avx512Config<T>>, key_block_avx512<Avx512Config<T>>};
+    case Isa::kAvx2:
+      return {query_block_avx2<Avx2Config<T>>, key_block_avx2<Avx2Config<T>>};
 #endif
-  return {query_block_baseline<T>, key_block_baseline<T>};
+    default:
+      return {query_block_baseline<BaselineConfig<T>>, key_block_baseline<BaselineConfig<T>>};
+  }
 }
 
 template <typename T>
 Status run_backward(const AttentionBackwardParams& p) {
   static const Tasks<T> tasks = select_tasks<T>();
   const Problem<T> pr(p);
-  std::vector<T> lse_buf, delta_buf;
+  std::vector<T> lse2_buf, shift_buf;
   try {
-    lse_buf.resize(static_cast<size_t>(p.batch * p.heads * p.seqlen_q));
-    delta_buf.resize(lse_buf.size());
+    lse2_buf.resize(static_cast<size_t>(p.batch * p.heads * p.seqlen_q));
+    shift_buf.resize(lse2_buf.size());
   } catch (const std::exception&) {
     return Status::Internal("backend 'cpu': out of memory for the backward's row statistics");
   }
@@ -331,8 +431,8 @@ Status run_backward(const AttentionBackwardParams& p) {
     const int64_t bh = task / q_blocks;
     const int64_t i0 = block * kBlockM;
     try {
-      tasks.query(pr, bh / p.heads, bh % p.heads, i0, std::min(kBlockM, p.seqlen_q - i0), lse_buf.data(),
-                  delta_buf.data());
+      tasks.query(pr, bh / p.heads, bh % p.heads, i0, std::min(kBlockM, p.seqlen_q - i0), lse2_buf.data(),
+                  shift_buf.data());
     } catch (const std::exception&) {
       failed.store(true);
     }
@@ -346,8 +446,8 @@ Status run_backward(const AttentionBackwardParams& p) {
     const int64_t bh = task / k_blocks;
     const int64_t j0 = block * kBlockN;
     try {
-      tasks.key(pr, bh / p.heads_kv, bh % p.heads_kv, j0, std::min(kBlockN, p.seqlen_k - j0), lse_buf.data(),
-                delta_buf.data());
+      tasks.key(pr, bh / p.heads_kv, bh % p.heads_kv, j0, std::min(kBlockN, p.seqlen_k - j0), lse2_buf.data(),
+                shift_buf.data());
     } catch (const std::exception&) {
       failed.store(true);
     }
