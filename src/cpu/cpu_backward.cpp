@@ -10,14 +10,18 @@
 //  1. One task per (batch, head, block of kBlockM query rows): its rows' statistics (lse * log2(e)
 //     and D - dlse) into two (batch, heads, seqlen_q) buffers, then dQ for those rows, with the
 //     scores transposed (S^T, queries along the SIMD lanes, as in the forward):
-//       S^T = K (c Q^T),  dP^T = V dO^T,  dS^T = P^T * (dP^T - D),  dQ += dS^T^T K
+//       S^T = (c K) Q^T,  dP^T = V dO^T,  dS^T = P^T * (dP^T - D),  dQ += (dS^T)^T K
 //  2. One task per (batch, kv head, block of kBlockN keys): dK and dV for those keys, summing over
 //     every query head of the kv head's group (GQA) and every query row, keys along the lanes:
-//       S = Q (c K^T),  dP = dO V^T,  dS = P * (dP - D),  dV += P^T dO,  dK += dS^T Q
+//       S = Q (c K)^T,  dP = dO V^T,  dS = P * (dP - D),  dV += P^T dO,  dK += dS^T Q
 //  (c = softmax_scale * log2(e): the scores are base-2, P = 2^(S - lse log2(e)).)
+// With enough (batch, kv head) pairs to fill the threads, one pass instead: phase 1 keeps only the
+// statistics, and one task per (batch, kv head) walks its key blocks and adds each step's dS K into
+// a dQ kept for every row of its query heads (five products instead of seven); the scores, and so
+// every gradient, are bitwise those of the two phases (one_pass below).
 // Each product runs on the forward's register-blocked micro-tiles (flash_kernel.h: scores_tile for
-// the score-shaped ones, accumulate_pv for the rest), compiled for the host's widest instruction
-// set, as is the vectorized exp2.
+// the score-shaped ones, TileSteps' P V product for the rest) and the vectorized exp2, compiled
+// for AVX2+FMA where the host has it (AVX-512 hosts included), else for the baseline.
 // Each element of dq, dk and dv is written by one task, and each task's arithmetic follows a
 // fixed order that depends only on its index: the gradients are bitwise reproducible whatever
 // the thread count (deterministic by construction; the `deterministic` flag changes nothing).
@@ -53,8 +57,7 @@
 #include "thread_pool.h"
 
 // The per-task functions are always inlined into the wrappers below, which are compiled for
-// AVX-512, AVX2+FMA or the baseline instruction set and picked at run time (as the forward's
-// kernels are).
+// AVX2+FMA or the baseline instruction set and picked at run time (as the forward's kernels are).
 #define CPU_BWD_INLINE inline __attribute__((always_inline))
 
 namespace waveboost::cpu {
@@ -142,6 +145,9 @@ struct BackwardScratch {
   ScratchArray<T> tile2;    // and dO (phase 2)
   ScratchArray<T> acc;      // dQ (phase 1), dK (phase 2)
   ScratchArray<T> acc2;     // dV (phase 2)
+  ScratchArray<T> k_tile;   // K rows scaled by c (phase 1), or zero-padded for dQ (one pass)
+  ScratchArray<T> ds_t;     // dS^T of one step (one pass)
+  ScratchArray<T> dq_all;   // dQ of every row of the kv head's query heads (one pass)
   ScratchArray<T> vec[6];   // per-row vectors
 };
 
@@ -185,8 +191,8 @@ CPU_BWD_INLINE void probabilities(typename Simd<typename C::Element, C::kLanes>:
   S::store(dp, masked * (S::load(dp) - d_shift));
 }
 
-// Task of phase 1: statistics and dQ of query rows [i0, i0 + m) of head h.
-template <class C>
+// Task of phase 1: statistics of query rows [i0, i0 + m) of head h and, kDq, their dQ.
+template <class C, bool kDq>
 CPU_BWD_INLINE void query_block(const Problem<typename C::Element>& pr, int64_t b, int64_t h, int64_t i0, int64_t m,
                                 typename C::Element* lse2_buf, typename C::Element* shift_buf) {
   using T = typename C::Element;
@@ -204,14 +210,13 @@ CPU_BWD_INLINE void query_block(const Problem<typename C::Element>& pr, int64_t 
   T* do_t = sc.grads_t.get(head_dim * mp);
   T* st = sc.s.get(kBlockN * mp);
   T* dpt = sc.ds.get(kBlockN * mp);
-  T* k_tile = sc.tile.get(kBlockN * dim_padded);
+  T* k_pad = sc.tile.get(kBlockN * dim_padded);
+  T* k_scaled = sc.k_tile.get(kBlockN * head_dim);
   T* dq = sc.acc.get(mp * dim_padded);
   T* lse2 = sc.vec[0].get(mp);
   T* shift = sc.vec[1].get(mp);
   T* ones = sc.vec[2].get(mp);
   T* key_limit = sc.vec[3].get(mp);
-  pack_transposed(pr.q_row(b, h, i0), p.q_row_stride, m, head_dim, c, mp, q_t);
-  pack_transposed(pr.do_row(b, h, i0), p.do_row_stride, m, head_dim, T(1), mp, do_t);
   const T* k = pr.k_row(b, hk, 0);
   const T* v = pr.v_row(b, hk, 0);
   std::fill(ones, ones + mp, T(1));
@@ -219,6 +224,14 @@ CPU_BWD_INLINE void query_block(const Problem<typename C::Element>& pr, int64_t 
     for (int64_t r = 0; r < mp; ++r)
       key_limit[r] = static_cast<T>(r < m ? std::clamp<int64_t>(pr.visible_keys(i0 + r) - j0, 0, n) : 0);
   };
+  // S^T = (c K) Q^T: the scale rides on K, as in the key blocks' S = Q (c K)^T, so that both give
+  // every score bitwise alike (one pass's dQ is then the two-phase dQ, bit for bit).
+  const auto scaled_keys = [&](int64_t j0, int64_t n) {
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t d = 0; d < head_dim; ++d) k_scaled[j * head_dim + d] = k[(j0 + j) * p.k_row_stride + d] * c;
+    return k_scaled;
+  };
+  pack_transposed(pr.q_row(b, h, i0), p.q_row_stride, m, head_dim, T(1), mp, q_t);
 
   // Row statistics: lse * log2(e) (+inf where lse is -inf: P = 0) and D - dlse.
   for (int64_t r = 0; r < mp; ++r) {
@@ -235,7 +248,7 @@ CPU_BWD_INLINE void query_block(const Problem<typename C::Element>& pr, int64_t 
     std::fill(row_sum, row_sum + mp, T(0));
     for (int64_t j0 = 0; j0 < keys_needed; j0 += kBlockN) {
       const int64_t n = std::min(kBlockN, keys_needed - j0);
-      TileSteps<C>::scores(k + j0 * p.k_row_stride, p.k_row_stride, n, q_t, mp, mp, head_dim, st);
+      TileSteps<C>::scores(scaled_keys(j0, n), head_dim, n, q_t, mp, mp, head_dim, st);
       set_key_limits(j0, n);
       online_softmax_tile<C>(n, mp, mp, key_limit, true, st, row_max, row_sum, alpha);
     }
@@ -257,12 +270,14 @@ CPU_BWD_INLINE void query_block(const Problem<typename C::Element>& pr, int64_t 
     lse2_buf[stat + r] = lse2[r];
     shift_buf[stat + r] = shift[r];
   }
+  if constexpr (!kDq) return;
 
   // dQ / scale = sum over key tiles of dS^T^T K.
+  pack_transposed(pr.do_row(b, h, i0), p.do_row_stride, m, head_dim, T(1), mp, do_t);
   std::fill(dq, dq + mp * dim_padded, T(0));
   for (int64_t j0 = 0; j0 < keys_needed; j0 += kBlockN) {
     const int64_t n = std::min(kBlockN, keys_needed - j0);
-    TileSteps<C>::scores(k + j0 * p.k_row_stride, p.k_row_stride, n, q_t, mp, mp, head_dim, st);
+    TileSteps<C>::scores(scaled_keys(j0, n), head_dim, n, q_t, mp, mp, head_dim, st);
     TileSteps<C>::scores(v + j0 * p.v_row_stride, p.v_row_stride, n, do_t, mp, mp, head_dim, dpt);
     const bool apply_mask = j0 + n > first_row_keys;
     if (apply_mask) set_key_limits(j0, n);
@@ -274,8 +289,8 @@ CPU_BWD_INLINE void query_block(const Problem<typename C::Element>& pr, int64_t 
         probabilities<C>(lse_i, shift_i, visible, st + j * mp + i, dpt + j * mp + i);
       }
     }
-    copy_rows(k + j0 * p.k_row_stride, p.k_row_stride, n, head_dim, dim_padded, k_tile);
-    TileSteps<C>::pv(dpt, mp, k_tile, dim_padded, n, ones, mp, dim_padded, dq);
+    copy_rows(k + j0 * p.k_row_stride, p.k_row_stride, n, head_dim, dim_padded, k_pad);
+    TileSteps<C>::pv(dpt, mp, k_pad, dim_padded, n, ones, mp, dim_padded, dq);
   }
   for (int64_t r = 0; r < m; ++r) {
     T* dq_row = pr.dq_row(b, h, i0 + r);
@@ -283,10 +298,13 @@ CPU_BWD_INLINE void query_block(const Problem<typename C::Element>& pr, int64_t 
   }
 }
 
-// Task of phase 2: dK and dV of keys [j0, j0 + n) of kv head hk, over its query heads.
-template <class C>
+// dK and dV of keys [j0, j0 + n) of kv head hk, over its query heads, in query blocks of kBlockM
+// aligned as phase 1's. kDq (one pass): also adds each block's dS K into dq_all, dQ / scale of
+// every row of the query heads of hk, rows_per_head (padded) rows of dim_padded per head.
+template <class C, bool kDq>
 CPU_BWD_INLINE void key_block(const Problem<typename C::Element>& pr, int64_t b, int64_t hk, int64_t j0, int64_t n,
-                              const typename C::Element* lse2_buf, const typename C::Element* shift_buf) {
+                              const typename C::Element* lse2_buf, const typename C::Element* shift_buf,
+                              typename C::Element* dq_all, int64_t rows_per_head) {
   using T = typename C::Element;
   using S = Simd<T, C::kLanes>;
   using Vec = typename S::Vec;
@@ -303,19 +321,23 @@ CPU_BWD_INLINE void key_block(const Problem<typename C::Element>& pr, int64_t b,
   T* do_tile = sc.tile2.get(kBlockM * dim_padded);
   T* dk = sc.acc.get(np * dim_padded);
   T* dv = sc.acc2.get(np * dim_padded);
-  T* ones = sc.vec[0].get(np);
+  T* ones = sc.vec[0].get(std::max(np, kBlockM));
   pack_transposed(pr.k_row(b, hk, j0), p.k_row_stride, n, head_dim, c, np, k_t);
   pack_transposed(pr.v_row(b, hk, j0), p.v_row_stride, n, head_dim, T(1), np, v_t);
   std::fill(dk, dk + np * dim_padded, T(0));
   std::fill(dv, dv + np * dim_padded, T(0));
-  std::fill(ones, ones + np, T(1));
+  std::fill(ones, ones + std::max(np, kBlockM), T(1));
+  T* k_pad = kDq ? sc.k_tile.get(kBlockN * dim_padded) : nullptr;
+  T* ds_t = kDq ? sc.ds_t.get(kBlockN * kBlockM) : nullptr;
+  if constexpr (kDq) copy_rows(pr.k_row(b, hk, j0), p.k_row_stride, n, head_dim, dim_padded, k_pad);
   Vec lane_index;
   for (int l = 0; l < C::kLanes; ++l) lane_index[l] = static_cast<T>(l);
 
-  const int64_t first = pr.first_query(j0);  // the block's first key is seen by the most rows
+  // Query blocks whose last row sees key j0 (phase 1 visits the same (query block, key tile) pairs).
+  const int64_t first_block = pr.first_query(j0) / kBlockM * kBlockM;
   for (int64_t h = hk * pr.group(); h < (hk + 1) * pr.group(); ++h) {
     const int64_t stat = (b * p.heads + h) * p.seqlen_q;
-    for (int64_t i0 = first; i0 < p.seqlen_q; i0 += kBlockM) {
+    for (int64_t i0 = first_block; i0 < p.seqlen_q; i0 += kBlockM) {
       const int64_t m = std::min(kBlockM, p.seqlen_q - i0);
       const T* q = pr.q_row(b, h, i0);
       const T* dout = pr.do_row(b, h, i0);
@@ -333,6 +355,16 @@ CPU_BWD_INLINE void key_block(const Problem<typename C::Element>& pr, int64_t b,
       copy_rows(dout, p.do_row_stride, m, head_dim, dim_padded, do_tile);
       TileSteps<C>::pv(s, np, do_tile, dim_padded, m, ones, np, dim_padded, dv);
       TileSteps<C>::pv(ds, np, q_tile, dim_padded, m, ones, np, dim_padded, dk);
+      if constexpr (kDq) {
+        // dS^T (keys x queries, padded queries zero), then dQ += dS K as phase 1 adds it.
+        const int64_t mp = round_up(m, C::kLanes);
+        for (int64_t j = 0; j < n; ++j) {
+          for (int64_t r = 0; r < m; ++r) ds_t[j * mp + r] = ds[r * np + j];
+          std::fill(ds_t + j * mp + m, ds_t + (j + 1) * mp, T(0));
+        }
+        T* dq = dq_all + ((h - hk * pr.group()) * rows_per_head + i0) * dim_padded;
+        TileSteps<C>::pv(ds_t, mp, k_pad, dim_padded, n, ones, mp, dim_padded, dq);
+      }
     }
   }
   for (int64_t j = 0; j < n; ++j) {
@@ -345,74 +377,101 @@ CPU_BWD_INLINE void key_block(const Problem<typename C::Element>& pr, int64_t b,
   }
 }
 
+// One pass: every key block of kv head hk with the dQ of its query heads (after phase 1's statistics).
+template <class C>
+CPU_BWD_INLINE void kv_head(const Problem<typename C::Element>& pr, int64_t b, int64_t hk,
+                            const typename C::Element* lse2_buf, const typename C::Element* shift_buf) {
+  using T = typename C::Element;
+  const AttentionBackwardParams& p = pr.p;
+  const int64_t dim_padded = round_up(p.head_dim, C::kLanes);
+  const int64_t rows_per_head = round_up(p.seqlen_q, kBlockM);
+  T* dq_all = thread_scratch<T>().dq_all.get(pr.group() * rows_per_head * dim_padded);
+  std::fill(dq_all, dq_all + pr.group() * rows_per_head * dim_padded, T(0));
+  for (int64_t j0 = 0; j0 < p.seqlen_k; j0 += kBlockN)
+    key_block<C, true>(pr, b, hk, j0, std::min(kBlockN, p.seqlen_k - j0), lse2_buf, shift_buf, dq_all, rows_per_head);
+  for (int64_t g = 0; g < pr.group(); ++g) {
+    for (int64_t i = 0; i < p.seqlen_q; ++i) {
+      T* dq_row = pr.dq_row(b, hk * pr.group() + g, i);
+      const T* acc = dq_all + (g * rows_per_head + i) * dim_padded;
+      for (int64_t d = 0; d < p.head_dim; ++d) dq_row[d] = acc[d] * pr.scale;
+    }
+  }
+}
+
+// One task of either schedule, dispatched inside the instruction-set wrappers below.
 template <typename T>
-struct Tasks {
-  using QueryBlock = void (*)(const Problem<T>&, int64_t, int64_t, int64_t, int64_t, T*, T*);
-  using KeyBlock = void (*)(const Problem<T>&, int64_t, int64_t, int64_t, int64_t, const T*, const T*);
-  QueryBlock query;
-  KeyBlock key;
+struct Task {
+  enum Kind { kQueryBlock, kQueryStatistics, kKeyBlock, kKvHead } kind;
+  int64_t b, head, begin, count;
+  T* lse2;
+  T* shift;
 };
 
 template <class C>
-void query_block_baseline(const Problem<typename C::Element>& pr, int64_t b, int64_t h, int64_t i0, int64_t m,
-                          typename C::Element* lse2, typename C::Element* shift) {
-  query_block<C>(pr, b, h, i0, m, lse2, shift);
-}
-template <class C>
-void key_block_baseline(const Problem<typename C::Element>& pr, int64_t b, int64_t hk, int64_t j0, int64_t n,
-                        const typename C::Element* lse2, const typename C::Element* shift) {
-  key_block<C>(pr, b, hk, j0, n, lse2, shift);
+CPU_BWD_INLINE void run_task(const Problem<typename C::Element>& pr, const Task<typename C::Element>& t) {
+  switch (t.kind) {
+    case Task<typename C::Element>::kQueryBlock:
+      return query_block<C, true>(pr, t.b, t.head, t.begin, t.count, t.lse2, t.shift);
+    case Task<typename C::Element>::kQueryStatistics:
+      return query_block<C, false>(pr, t.b, t.head, t.begin, t.count, t.lse2, t.shift);
+    case Task<typename C::Element>::kKeyBlock:
+      return key_block<C, false>(pr, t.b, t.head, t.begin, t.count, t.lse2, t.shift, nullptr, 0);
+    case Task<typename C::Element>::kKvHead:
+      return kv_head<C>(pr, t.b, t.head, t.lse2, t.shift);
+  }
 }
 
+template <class C>
+void run_task_baseline(const Problem<typename C::Element>& pr, const Task<typename C::Element>& t) {
+  run_task<C>(pr, t);
+}
 #if defined(__x86_64__) || defined(__i386__)
 #define WAVEBOOST_CPU_BWD_X86 1
 template <class C>
-__attribute__((target("avx2,fma"))) void query_block_avx2(const Problem<typename C::Element>& pr, int64_t b,
-                                                           int64_t h, int64_t i0, int64_t m,
-                                                           typename C::Element* lse2, typename C::Element* shift) {
-  query_block<C>(pr, b, h, i0, m, lse2, shift);
-}
-template <class C>
-__attribute__((target("avx2,fma"))) void key_block_avx2(const Problem<typename C::Element>& pr, int64_t b,
-                                                         int64_t hk, int64_t j0, int64_t n,
-                                                         const typename C::Element* lse2,
-                                                         const typename C::Element* shift) {
-  key_block<C>(pr, b, hk, j0, n, lse2, shift);
-}
-template <class C>
-__attribute__((target("avx512f,avx2,fma"))) void query_block_avx512(const Problem<typename C::Element>& pr,
-                                                                    int64_t b, int64_t h, int64_t i0, int64_t m,
-                                                                    typename C::Element* lse2,
-                                                                    typename C::Element* shift) {
-  query_block<C>(pr, b, h, i0, m, lse2, shift);
-}
-template <class C>
-__attribute__((target("avx512f,avx2,fma"))) void key_block_avx512(const Problem<typename C::Element>& pr,
-                                                                  int64_t b, int64_t hk, int64_t j0, int64_t n,
-                                                                  const typename C::Element* lse2,
-                                                                  const typename C::Element* shift) {
-  key_block<C>(pr, b, hk, j0, n, lse2, shift);
+__attribute__((target("avx2,fma"))) void run_task_avx2(const Problem<typename C::Element>& pr,
+                                                        const Task<typename C::Element>& t) {
+  run_task<C>(pr, t);
 }
 #endif
 
-// The forward's instruction set and micro-tile configurations (detect_isa, flash_kernel.h).
 template <typename T>
-Tasks<T> select_tasks() {
+using TaskRunner = void (*)(const Problem<T>&, const Task<T>&);
+
+// The forward's instruction set detection and micro-tile configurations (flash_kernel.h). A host with
+// AVX-512 runs the AVX2 configuration of the backward: an AVX-512 one would need its own tests and
+// measurements on such a host.
+template <typename T>
+TaskRunner<T> select_runner() {
   switch (detect_isa()) {
 #ifdef WAVEBOOST_CPU_BWD_X86
     case Isa::kAvx512:
-      return {query_block_avx512<Avx512Config<T>>, key_block_avx512<Avx512Config<T>>};
-    case Isa::kAvx2:
-      return {query_block_avx2<Avx2Config<T>>, key_block_avx2<Avx2Config<T>>};
+    case Isa::kAvx2: return run_task_avx2<Avx2Config<T>>;
 #endif
-    default:
-      return {query_block_baseline<BaselineConfig<T>>, key_block_baseline<BaselineConfig<T>>};
+    default: return run_task_baseline<BaselineConfig<T>>;
   }
+}
+
+// The one-pass schedule (a task per (batch, kv head), dQ kept for its query heads' rows) skips
+// phase 1's recomputation of S^T and dP^T (two of seven products) but has batch x heads_kv tasks:
+// taken where that fills the threads twice over and the dQ scratch stays small. Both schedules give
+// bitwise the same gradients (tests/test_backward.py), so the choice never shows in the results.
+// WAVEBOOST_CPU_BACKWARD=one-pass|two-phase forces one (for tests and measurement).
+constexpr int64_t kOnePassMaxScratchBytes = int64_t(64) << 20;
+
+template <typename T>
+bool one_pass(const AttentionBackwardParams& p, int threads) {
+  if (const char* force = std::getenv("WAVEBOOST_CPU_BACKWARD")) {
+    if (std::strcmp(force, "one-pass") == 0) return true;
+    if (std::strcmp(force, "two-phase") == 0) return false;
+  }
+  const int64_t scratch = (p.heads / p.heads_kv) * round_up(p.seqlen_q, kBlockM) *
+                          round_up(p.head_dim, 16) * static_cast<int64_t>(sizeof(T));
+  return p.batch * p.heads_kv >= 2 * static_cast<int64_t>(threads) && scratch <= kOnePassMaxScratchBytes;
 }
 
 template <typename T>
 Status run_backward(const AttentionBackwardParams& p) {
-  static const Tasks<T> tasks = select_tasks<T>();
+  static const TaskRunner<T> run = select_runner<T>();
   const Problem<T> pr(p);
   std::vector<T> lse2_buf, shift_buf;
   try {
@@ -423,36 +482,40 @@ Status run_backward(const AttentionBackwardParams& p) {
   }
   std::atomic<bool> failed{false};
   ThreadPool& pool = global_thread_pool();
+  const bool whole_heads = one_pass<T>(p, pool.num_threads());
+  const auto run_all = [&](int64_t count, auto make_task) {
+    pool.parallel_for(count, [&](int64_t index) {
+      try {
+        run(pr, make_task(index));
+      } catch (const std::exception&) {
+        failed.store(true);
+      }
+    });
+    return !failed.load();
+  };
 
+  // Phase 1: statistics (and, two-phase, dQ) per query block; causal: the last blocks see the most
+  // keys, handed out first.
   const int64_t q_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  pool.parallel_for(p.batch * p.heads * q_blocks, [&](int64_t task) {
-    // Causal: the last blocks see the most keys; hand them out first.
-    const int64_t block = q_blocks - 1 - task % q_blocks;
-    const int64_t bh = task / q_blocks;
-    const int64_t i0 = block * kBlockM;
-    try {
-      tasks.query(pr, bh / p.heads, bh % p.heads, i0, std::min(kBlockM, p.seqlen_q - i0), lse2_buf.data(),
-                  shift_buf.data());
-    } catch (const std::exception&) {
-      failed.store(true);
-    }
+  const bool ok1 = run_all(p.batch * p.heads * q_blocks, [&](int64_t index) {
+    const int64_t block = q_blocks - 1 - index % q_blocks, bh = index / q_blocks, i0 = block * kBlockM;
+    return Task<T>{whole_heads ? Task<T>::kQueryStatistics : Task<T>::kQueryBlock, bh / p.heads, bh % p.heads, i0,
+                   std::min(kBlockM, p.seqlen_q - i0), lse2_buf.data(), shift_buf.data()};
   });
-  if (failed.load()) return Status::Internal("backend 'cpu': out of memory for the backward's scratch");
+  if (!ok1) return Status::Internal("backend 'cpu': out of memory for the backward's scratch");
 
-  const int64_t k_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  pool.parallel_for(p.batch * p.heads_kv * k_blocks, [&](int64_t task) {
-    // Causal: the first blocks are seen by the most rows; hand them out first.
-    const int64_t block = task % k_blocks;
-    const int64_t bh = task / k_blocks;
-    const int64_t j0 = block * kBlockN;
-    try {
-      tasks.key(pr, bh / p.heads_kv, bh % p.heads_kv, j0, std::min(kBlockN, p.seqlen_k - j0), lse2_buf.data(),
-                shift_buf.data());
-    } catch (const std::exception&) {
-      failed.store(true);
-    }
+  // Phase 2: dK and dV per key block (causal: the first blocks are seen by the most rows, handed
+  // out first), or everything else per kv head.
+  const int64_t k_blocks = whole_heads ? 1 : (p.seqlen_k + kBlockN - 1) / kBlockN;
+  const bool ok2 = run_all(p.batch * p.heads_kv * k_blocks, [&](int64_t index) {
+    const int64_t bh = index / k_blocks, j0 = index % k_blocks * kBlockN;
+    if (whole_heads)
+      return Task<T>{Task<T>::kKvHead, bh / p.heads_kv, bh % p.heads_kv, 0, p.seqlen_k, lse2_buf.data(),
+                     shift_buf.data()};
+    return Task<T>{Task<T>::kKeyBlock, bh / p.heads_kv, bh % p.heads_kv, j0, std::min(kBlockN, p.seqlen_k - j0),
+                   lse2_buf.data(), shift_buf.data()};
   });
-  if (failed.load()) return Status::Internal("backend 'cpu': out of memory for the backward's scratch");
+  if (!ok2) return Status::Internal("backend 'cpu': out of memory for the backward's scratch");
   return Status::Ok();
 }
 
