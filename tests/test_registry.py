@@ -39,6 +39,7 @@ def test_check_notices_a_stale_file(tmp_path, monkeypatch):
     # again on an edited file or one left over from an older table.
     monkeypatch.setattr(table, "GENERATED", tmp_path / "generated")
     monkeypatch.setattr(table, "SM80_GENERATED", tmp_path / "sm80" / "generated")
+    monkeypatch.setattr(table, "CC90_GENERATED", tmp_path / "cc90" / "generated")
     monkeypatch.setattr(table, "SM90_GENERATED", tmp_path / "sm90" / "generated")
     assert table.main(["--check"]) == 1
     assert table.main([]) == 0 and table.main(["--check"]) == 0
@@ -69,13 +70,15 @@ def test_kernels_export_the_compiled_table():
         return
     numbers = [int("".join(ch for ch in a.split("-")[0] if ch.isdigit()))
                for a in waveboost.info()["cuda_architectures"].split(",")]
-    # Every architecture builds the "" group; 80 and up the kernels that need 8.0; 90 the sm_90a ones.
-    groups = {""} | ({"sm80"} if any(n >= 80 for n in numbers) else set()) | ({"sm90a"} if 90 in numbers else set())
+    # Every architecture builds the "" group; 80 and up the kernels that need 8.0, 90 and up those that need
+    # 9.0; 90 the sm_90a ones.
+    groups = ({""} | ({"sm80"} if any(n >= 80 for n in numbers) else set()) |
+              ({"cc90"} if any(n >= 90 for n in numbers) else set()) | ({"sm90a"} if 90 in numbers else set()))
     assert {(r["name"], r["backend"], r["pass"], r["variant"], r["dtype"], r["head_dim"]) for r in rows} == \
         _table_rows(groups)
-    for r in rows:  # the rows that need 8.0 are the sm80 group's
+    for r in rows:  # the rows that need 8.0 are those of the groups built from 80 up
         assert (r["min_compute_capability"] >= 80) == (r["name"] in {k.name for k in _table_module().kernels()
-                                                                       if k.group in ("sm80", "sm90a")})
+                                                                       if k.group in ("sm80", "cc90", "sm90a")})
     assert len({r["name"] for r in rows}) == len(rows)
     for r in rows:
         assert r["backend"] in waveboost.BACKENDS

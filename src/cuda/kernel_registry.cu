@@ -75,12 +75,18 @@ Status check_common(const AttentionParams& p, const AttentionBackwardParams* gra
     return Status::NotSupported(who + " runs on compute capability " + cc_string(k->min_cc) +
                                 (k->min_cc == 90 ? " (Hopper)" : "") + " only" + device);
   if (cc < k->min_cc || (k->max_cc != 0 && cc > k->max_cc)) {
-    // Name the dtype when the backend's dtypes differ in what they need.
-    bool per_dtype = false;
-    for_each_row(backend, backward, [&](const KernelRecord& r) { per_dtype = per_dtype || r.min_cc != k->min_cc; });
+    // Name the dtype (and the head dim) when the backend's rows differ in what they need.
+    bool per_dtype = false, per_head_dim = false;
+    for_each_row(backend, backward, [&](const KernelRecord& r) {
+      if (r.min_cc == k->min_cc) return;
+      per_dtype = true;
+      per_head_dim = per_head_dim || r.dtype == k->dtype;
+    });
+    const std::string which = per_head_dim ? " with head_dim " + std::to_string(p.head_dim) : std::string();
     return Status::NotSupported(who + " needs compute capability >= " + cc_string(k->min_cc) +
                                 (k->max_cc != 0 ? " and <= " + cc_string(k->max_cc) : std::string()) +
-                                (per_dtype ? std::string(" for ") + dtype_name(p.dtype) : std::string()) + device);
+                                (per_dtype ? std::string(" for ") + dtype_name(p.dtype) + which : std::string()) +
+                                device);
   }
 
   if (k->vector_elements > 0) {

@@ -30,7 +30,15 @@ from dataclasses import dataclass, field
 ROOT = pathlib.Path(__file__).resolve().parent
 GENERATED = ROOT / "generated"
 SM80_GENERATED = ROOT / "sm80" / "generated"
+CC90_GENERATED = ROOT / "cc90" / "generated"
 SM90_GENERATED = ROOT / "sm90" / "generated"
+
+
+def generated_dirs() -> tuple:
+    """The folders the generator writes (read when called, so that a test may point them elsewhere)."""
+    return GENERATED, SM80_GENERATED, CC90_GENERATED, SM90_GENERATED
+
+
 REPO = ROOT.parent.parent
 
 
@@ -54,8 +62,8 @@ class Family:
       backward launchers see `p` (AttentionBackwardParams), `workspace` and `stream`.
     smem: the dynamic shared memory of one block, a constant expression; None where it
       depends on the call (the backend's can_implement checks it).
-    min_cc / max_cc: compute capability range (max 0: no upper bound); per-dtype overrides
-      in min_cc_by_dtype.
+    min_cc / max_cc: compute capability range (max 0: no upper bound); per-dtype and per-head-dim
+      overrides in min_cc_by_dtype and min_cc_by_head_dim (the larger applies).
     vector_elements: q/k/v/out (and the gradients) move in 16 B pieces of this many elements
       (per dtype); 0: no alignment needed.
     """
@@ -70,6 +78,7 @@ class Family:
     min_cc: int
     max_cc: int = 0
     min_cc_by_dtype: dict = field(default_factory=dict)
+    min_cc_by_head_dim: dict = field(default_factory=dict)
     vector_elements: dict = field(default_factory=dict)
     variant: str = ""
     sm90a: bool = False
@@ -123,6 +132,7 @@ FAMILIES = {
         backend="mma", passes="backward", header="waveboost/cuda/flash_bwd_mma_tf32.cuh",
         launch="launch_flash_bwd_mma_tf32<{D}>(p, workspace, stream)", dtypes=("fp32",), head_dims=(64, 128),
         smem="FlashBwdMmaTf32Traits<{D}>::kSmemBytes", min_cc=80, vector_elements={"fp32": 4},
+        min_cc_by_head_dim={128: 90},  # 208 KB of shared memory per block: more than 8.x devices have
         note="float32 backward on tf32 tensor cores, three products per product (3xTF32)"),
     "bwd_wgmma": Family(
         backend="wgmma", passes="backward", header="waveboost/cuda/flash_bwd_wgmma.cuh",
@@ -152,16 +162,20 @@ class Kernel:
 
     @property
     def min_cc(self) -> int:
-        return self.f.min_cc_by_dtype.get(self.dtype, self.f.min_cc)
+        by_dtype = self.f.min_cc_by_dtype.get(self.dtype, self.f.min_cc)
+        return max(by_dtype, self.f.min_cc_by_head_dim.get(self.head_dim, 0))
 
     @property
     def group(self) -> str:
-        """Which objects it belongs to: "sm90a", "sm80" (needs 8.0+) or "" (every architecture)."""
-        return "sm90a" if self.f.sm90a else ("sm80" if self.min_cc >= 80 else "")
+        """Which objects it belongs to: "sm90a" (sm_90a only), "cc90" (needs 9.0+), "sm80" (needs 8.0+) or ""
+        (every architecture). Each is built only for the architectures of the build that can run it."""
+        if self.f.sm90a:
+            return "sm90a"
+        return "cc90" if self.min_cc >= 90 else ("sm80" if self.min_cc >= 80 else "")
 
     @property
     def directory(self) -> pathlib.Path:
-        return {"sm90a": SM90_GENERATED, "sm80": SM80_GENERATED, "": GENERATED}[self.group]
+        return {"sm90a": SM90_GENERATED, "cc90": CC90_GENERATED, "sm80": SM80_GENERATED, "": GENERATED}[self.group]
 
 
 def kernels() -> list[Kernel]:
@@ -185,7 +199,7 @@ def translation_unit(k: Kernel) -> str:
             f"namespace waveboost::cuda::kernels {{\n\n{entry}\n{smem}\n}}  // namespace waveboost::cuda::kernels\n")
 
 
-GUARDS = {"": None, "sm80": "WAVEBOOST_WITH_SM80", "sm90a": "WAVEBOOST_WITH_SM90A"}
+GUARDS = {"": None, "sm80": "WAVEBOOST_WITH_SM80", "cc90": "WAVEBOOST_WITH_CC90", "sm90a": "WAVEBOOST_WITH_SM90A"}
 
 
 def table_inc() -> str:
@@ -237,7 +251,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="compare the generated files with the table; write nothing")
     args = ap.parse_args(argv)
     files = expected_files()
-    present = {p for d in (GENERATED, SM80_GENERATED, SM90_GENERATED) if d.is_dir() for p in d.iterdir()}
+    present = {p for d in generated_dirs() if d.is_dir() for p in d.iterdir()}
     stale = sorted(present - set(files))
     if args.check:
         bad = [p for p, text in files.items() if not p.is_file() or p.read_text() != text] + stale
@@ -252,7 +266,7 @@ def main(argv=None) -> int:
         p.parent.mkdir(parents=True, exist_ok=True)
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
-    print(f"{len(files)} files in {_shown(GENERATED)}, {_shown(SM80_GENERATED)} and {_shown(SM90_GENERATED)}")
+    print(f"{len(files)} files in " + ", ".join(_shown(d) for d in generated_dirs()))
     return 0
 
 
