@@ -34,6 +34,7 @@
 
 #include "waveboost/cuda/common.cuh"
 #include "waveboost/cuda/core/backward.cuh"
+#include "waveboost/cuda/core/fragments.cuh"
 #include "waveboost/cuda/mma_primitives.cuh"
 
 namespace waveboost::cuda {
@@ -230,15 +231,6 @@ __device__ __forceinline__ void begin_step(int64_t s, int64_t steps, int buf, co
   __syncthreads();  // step s's tiles visible to every warp; every warp is done with step s - 1's shared dS
 }
 
-template <int kTiles>
-__device__ __forceinline__ void zero_fill(float (&acc)[kTiles][4]) {
-#pragma unroll
-  for (int i = 0; i < kTiles; ++i) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
-  }
-}
-
 /// \brief One block: kBlockN keys of one (batch, kv head).
 template <typename Traits, bool kCausal, bool kDeterministic>
 __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws) {
@@ -261,8 +253,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const int g = lane / 4;
   const int t = lane % 4;
 
-  // Key block. Deterministic and causal, the blocks launch last key block first (see the dQ turn below).
-  const int64_t n_block = kDeterministic && kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int64_t n_block = backward_key_block<kCausal, kDeterministic>();
   BackwardBlock blk;
   if (!locate_backward_block<kCausal>(p, n_block, kBlockN, kBlockM, blk)) return;
   const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
@@ -442,14 +433,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       for (int dt = 0; dt < Traits::kDqTilesPerPass; ++dt) {
         const DqQuad quad = dq_quad(dq[dt][0], dq[dt][1], dq[dt][2], dq[dt][3], g, t);
         const int dim = (dq_tile0 + pass * Traits::kDqTilesPerPass + dt) * 8 + quad.col;
-        float4* at = reinterpret_cast<float4*>(dq_rows + quad.row * kHeadDim + dim);
-        if constexpr (kDeterministic) {
-          const float4 old = __ldcg(at);
-          const float4 sum = quad.sum;
-          __stcg(at, make_float4(old.x + sum.x, old.y + sum.y, old.z + sum.z, old.w + sum.w));
-        } else {
-          reduce_add_16B(at, quad.sum);
-        }
+        add_dq_16B<kDeterministic>(reinterpret_cast<float4*>(dq_rows + quad.row * kHeadDim + dim), quad.sum);
       }
     }
     if constexpr (kDeterministic) pass_turn(semaphore);
@@ -523,12 +507,10 @@ inline size_t flash_bwd_mma_workspace_bytes(const AttentionBackwardParams& p, in
 template <typename Element, int kHeadDim>
 Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream);
 
-/// \brief Launches a flash backward's main kernel over grid backward_grid(p, block_n).
+/// \brief Launches a flash backward's main kernel, kernel(p, ws), on `grid` (backward_grid).
 template <typename Kernel>
 Status launch_backward_main(Kernel kernel, const AttentionBackwardParams& p, const FlashBwdWorkspace& ws,
-                            int64_t block_n, int threads, int smem_bytes, cudaStream_t stream, const char* what) {
-  dim3 grid;
-  if (Status s = backward_grid(p, block_n, "mma", &grid); !s.ok()) return s;
+                            const dim3& grid, int threads, int smem_bytes, cudaStream_t stream, const char* what) {
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   kernel<<<grid, threads, smem_bytes, stream>>>(p, ws);
   return cuda_status(cudaGetLastError(), what);
@@ -582,10 +564,12 @@ template <typename Element, int kHeadDim>
 Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
   using Traits = FlashBwdMmaTraits<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>;
   return launch_flash_backward<Element, kHeadDim, Traits::kBlockM>(p, workspace, stream, [&](const FlashBwdWorkspace& ws) {
+    dim3 grid;
+    if (Status s = backward_grid(p, Traits::kBlockN, "mma", &grid); !s.ok()) return s;
     return with_backward_flags(p, [&](auto causal, auto deterministic) {
       const auto kernel = flash_bwd_mma_kernel<Element, kHeadDim, Traits::kWarps, decltype(causal)::value,
                                                decltype(deterministic)::value>;
-      return launch_backward_main(kernel, p, ws, Traits::kBlockN, Traits::kThreads, Traits::kSmemBytes, stream,
+      return launch_backward_main(kernel, p, ws, grid, Traits::kThreads, Traits::kSmemBytes, stream,
                                   "flash_bwd_mma_kernel launch");
     });
   });

@@ -98,23 +98,11 @@ namespace flash_bwd_tf32 {
 
 using flash_mma_tf32::load_16B;
 using flash_mma_tf32::mma_3xtf32;
+using flash_mma_tf32::row_products;
 using flash_mma_tf32::split_fragment;
 
 // Column of dS row `row` ([query][key], kBlockN floats per row) that holds key `col`.
 __device__ __forceinline__ int ds_column(int row, int col) { return col ^ (8 * ((row ^ (row >> 1)) & 3)); }
-
-// acc += corr where the main product is finite: an infinite Q/K (V/dO) element makes the main
-// product infinite, while the corrections pick up inf * lo of arbitrary sign (the forward's rule).
-template <int kTiles>
-__device__ __forceinline__ void add_corrections(float (&acc)[kTiles][4], const float (&corr)[kTiles][4]) {
-#pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (!isinf(acc[j][e])) acc[j][e] += corr[j][e];
-    }
-  }
-}
 
 // Four n8 tiles of dims (one group of the forward's O numbering) += A B over one k8 slice: B's
 // rows k = t and k = t + 4 are `even` and `odd`, component w feeding tile w.
@@ -124,32 +112,6 @@ __device__ __forceinline__ void quad_products(float (&acc)[4][4], float (&corr)[
   mma_3xtf32(acc[1], corr[1], a_hi, a_lo, even.y, odd.y);
   mma_3xtf32(acc[2], corr[2], a_hi, a_lo, even.z, odd.z);
   mma_3xtf32(acc[3], corr[3], a_hi, a_lo, even.w, odd.w);
-}
-
-// acc (+ corr) = A B^T for this warp's 16 rows of A (tile at a_rows: rows g and g + 8) and the
-// kQueryTiles x 8 rows of B (b_rows: row g of the first tile), both over every dim.
-template <typename Traits>
-__device__ __forceinline__ void row_products(float (&acc)[Traits::kQueryTiles][4], float (&corr)[Traits::kQueryTiles][4],
-                                             const unsigned char* smem, const uint32_t (&a_rows)[2],
-                                             const uint32_t (&b_rows)[2]) {
-  flash_bwd::zero_fill(acc);
-  flash_bwd::zero_fill(corr);
-#pragma unroll
-  for (int pair = 0; pair < Traits::kDimPairs; ++pair) {
-    const uint32_t a_at = a_rows[pair % 2] + 128 * (pair / 2);
-    const float4 top = load_16B(smem, a_at);                               // row g
-    const float4 bottom = load_16B(smem, a_at + 8 * Traits::kRowBytes);  // row g + 8
-    uint32_t a_hi[2][4], a_lo[2][4];
-    split_fragment(a_hi[0], a_lo[0], top.x, bottom.x, top.y, bottom.y);
-    split_fragment(a_hi[1], a_lo[1], top.z, bottom.z, top.w, bottom.w);
-#pragma unroll
-    for (int j = 0; j < Traits::kQueryTiles; ++j) {
-      const float4 b = load_16B(smem, b_rows[pair % 2] + 128 * (pair / 2) + j * 8 * Traits::kRowBytes);
-      mma_3xtf32(acc[j], corr[j], a_hi[0], a_lo[0], b.x, b.y);
-      mma_3xtf32(acc[j], corr[j], a_hi[1], a_lo[1], b.z, b.w);
-    }
-  }
-  add_corrections(acc, corr);
 }
 
 // grad (n8 tiles of dims, forward numbering) += A^T B over this step's queries: A in the S^T
@@ -162,7 +124,7 @@ __device__ __forceinline__ void query_products(float (&grad)[Traits::kDimTiles][
 #pragma unroll
   for (int quad = 0; quad < Traits::kDimQuads; ++quad) {
     float step[4][4];
-    flash_bwd::zero_fill(step);
+    zero_fill(step);
 #pragma unroll
     for (int j = 0; j < Traits::kQueryTiles; ++j) {
       uint32_t a_hi[4], a_lo[4];
@@ -199,8 +161,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const int g = lane / 4;
   const int t = lane % 4;
 
-  // Key block. Deterministic and causal, the blocks launch last key block first (see the dQ turn below).
-  const int64_t n_block = kDeterministic && kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int64_t n_block = backward_key_block<kCausal, kDeterministic>();
   BackwardBlock blk;
   if (!locate_backward_block<kCausal>(p, n_block, kBlockN, kBlockM, blk)) return;
   const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
@@ -228,8 +189,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 
   float dk[Traits::kDimTiles][4];
   float dv[Traits::kDimTiles][4];
-  flash_bwd::zero_fill(dk);
-  flash_bwd::zero_fill(dv);
+  zero_fill(dk);
+  zero_fill(dv);
 
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   const int key_row = warp * 16;  // this warp's keys within the block
@@ -259,7 +220,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     // S^T = K Q^T, then P^T in place; dP^T = V dO^T, then dS^T in place.
     // Accumulator (j, e): key n0 + key_row + g + 8 (e / 2), query m0 + 8 j + 2 t + e % 2.
     float st[kQueryTiles][4], dpt[kQueryTiles][4], corr[kQueryTiles][4];
-    row_products<Traits>(st, corr, smem, k_rows, {q_rows[0] + step_q, q_rows[1] + step_q});
+    row_products<kQueryTiles, Traits::kDimPairs, Traits::kRowBytes>(st, corr, smem, k_rows, {q_rows[0] + step_q, q_rows[1] + step_q});
     const bool masked = backward_tile_masked<kCausal>(p, blk, kBlockN, m0);
 #pragma unroll
     for (int j = 0; j < kQueryTiles; ++j) {
@@ -270,7 +231,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
                                                  n0 + key_row + g + 8 * (e / 2), m0 + col, p, causal_offset);
       }
     }
-    row_products<Traits>(dpt, corr, smem, {k_rows[0] + kVFromK, k_rows[1] + kVFromK},
+    row_products<kQueryTiles, Traits::kDimPairs, Traits::kRowBytes>(dpt, corr, smem, {k_rows[0] + kVFromK, k_rows[1] + kVFromK},
                          {q_rows[0] + step_q + kDoFromQ, q_rows[1] + step_q + kDoFromQ});
 #pragma unroll
     for (int j = 0; j < kQueryTiles; ++j) {
@@ -299,8 +260,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     for (int qi = 0; qi < Traits::kDqQuadsPerWarp; ++qi) {
       const int quad = dq_quad0 + qi;
       float acc[4][4], acc_corr[4][4];
-      flash_bwd::zero_fill(acc);
-      flash_bwd::zero_fill(acc_corr);
+      zero_fill(acc);
+      zero_fill(acc_corr);
 #pragma unroll
       for (int ks = 0; ks < Traits::kKeySlices; ++ks) {
         const float2 top = *reinterpret_cast<const float2*>(ds_smem + row_top * kBlockN +
@@ -322,13 +283,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
         const int dim = 32 * quad + 16 * (e % 2) + 4 * t;
         const float4 sum = make_float4(acc[0][e] + acc_corr[0][e], acc[1][e] + acc_corr[1][e],
                                        acc[2][e] + acc_corr[2][e], acc[3][e] + acc_corr[3][e]);
-        float4* at = reinterpret_cast<float4*>(dq_rows + row * kHeadDim + dim);
-        if constexpr (kDeterministic) {
-          const float4 old = __ldcg(at);
-          __stcg(at, make_float4(old.x + sum.x, old.y + sum.y, old.z + sum.z, old.w + sum.w));
-        } else {
-          reduce_add_16B(at, sum);
-        }
+        add_dq_16B<kDeterministic>(reinterpret_cast<float4*>(dq_rows + row * kHeadDim + dim), sum);
       }
     }
     if constexpr (kDeterministic) flash_bwd::pass_turn(semaphore);
@@ -380,10 +335,12 @@ template <int kHeadDim>
 Status launch_flash_bwd_mma_tf32(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
   using Traits = FlashBwdMmaTf32Traits<kHeadDim>;
   return launch_flash_backward<float, kHeadDim, Traits::kBlockM>(p, workspace, stream, [&](const FlashBwdWorkspace& ws) {
+    dim3 grid;
+    if (Status s = backward_grid(p, Traits::kBlockN, "mma", &grid); !s.ok()) return s;
     return with_backward_flags(p, [&](auto causal, auto deterministic) {
       const auto kernel =
           flash_bwd_mma_tf32_kernel<kHeadDim, decltype(causal)::value, decltype(deterministic)::value>;
-      return launch_backward_main(kernel, p, ws, Traits::kBlockN, Traits::kThreads, Traits::kSmemBytes, stream,
+      return launch_backward_main(kernel, p, ws, grid, Traits::kThreads, Traits::kSmemBytes, stream,
                                   "flash_bwd_mma_tf32_kernel launch");
     });
   });

@@ -804,10 +804,8 @@ Status main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, cudaS
     const Status ws_status = main_ws<Element, kHeadDim, kCausal>(p, ws, grid, stream);
     if (ws_status.code() != StatusCode::kNotSupported) return ws_status;
   }
-  const auto kernel = flash_bwd_wgmma_kernel<Element, kHeadDim, kCausal>;
-  WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, ws);
-  return cuda_status(cudaGetLastError(), "flash_bwd_wgmma_kernel launch");
+  return launch_backward_main(flash_bwd_wgmma_kernel<Element, kHeadDim, kCausal>, p, ws, grid, Traits::kThreads,
+                              Traits::kSmemBytes, stream, "flash_bwd_wgmma_kernel launch");
 }
 
 }  // namespace flash_bwd_wgmma_launch

@@ -218,43 +218,50 @@ __device__ __forceinline__ void mma_3xtf32(float (&acc)[4], float (&corr)[4], co
   mma::mma_16x8x8_tf32(acc, a_hi, x0.hi, x1.hi);
 }
 
+// acc (+ corr, added once) = A B^T over every dim, for this warp's 16 rows of A (a_rows: byte
+// offsets of rows g, pair reads; row g + 8 is 8 rows on) and kTiles groups of 8 rows of B (b_rows:
+// row g of the first group). Group j holds B rows 8 j + 2t, 8 j + 2t + 1 in columns 2t, 2t + 1, as
+// in the 16-bit path. S = Q K^T here; the backward's S^T = K Q^T and dP^T = V dO^T.
+template <int kTiles, int kDimPairs, int kRowBytes>
+__device__ __forceinline__ void row_products(float (&acc)[kTiles][4], float (&corr)[kTiles][4],
+                                             const unsigned char* smem, const uint32_t (&a_rows)[2],
+                                             const uint32_t (&b_rows)[2]) {
+  zero_fill(acc);
+  zero_fill(corr);
+#pragma unroll
+  for (int pair = 0; pair < kDimPairs; ++pair) {
+    const uint32_t a_at = a_rows[pair % 2] + 128 * (pair / 2);
+    const float4 top = load_16B(smem, a_at);                     // row g
+    const float4 bottom = load_16B(smem, a_at + 8 * kRowBytes);  // row g + 8
+    // Slice 2 pair takes dims 4t, 4t + 1 of the pair as k = t, t + 4; slice 2 pair + 1 the next two.
+    uint32_t a_hi[2][4], a_lo[2][4];
+    split_fragment(a_hi[0], a_lo[0], top.x, bottom.x, top.y, bottom.y);
+    split_fragment(a_hi[1], a_lo[1], top.z, bottom.z, top.w, bottom.w);
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      const float4 b = load_16B(smem, b_rows[pair % 2] + 128 * (pair / 2) + j * 8 * kRowBytes);
+      mma_3xtf32(acc[j], corr[j], a_hi[0], a_lo[0], b.x, b.y);
+      mma_3xtf32(acc[j], corr[j], a_hi[1], a_lo[1], b.z, b.w);
+    }
+  }
+  // An infinite A or B element makes the main product infinite (the IEEE score), while the
+  // corrections pick up inf * lo of the other operand, whose sign is arbitrary: adding them
+  // could turn a -inf score, which softmax sends to 0, into NaN.
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (!isinf(acc[j][e])) acc[j][e] += corr[j][e];
+    }
+  }
+}
+
 // S = Q K^T (Q pre-scaled: S is in log2 units) for the warp's 16 rows and the tile's keys.
-// Key tile nt holds keys 8 nt + 2t, 8 nt + 2t + 1 in columns 2t, 2t + 1, as in the 16-bit path.
 template <typename Traits>
 __device__ __forceinline__ void scores(float (&s)[1][Traits::kKeyTiles][4], const unsigned char* smem,
                                        const uint32_t (&q_offset)[2], const uint32_t (&k_offset)[2]) {
   float corr[Traits::kKeyTiles][4];
-#pragma unroll
-  for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[0][nt][e] = corr[nt][e] = 0.f;
-  }
-#pragma unroll
-  for (int pair = 0; pair < Traits::kDimPairs; ++pair) {
-    const uint32_t q_at = q_offset[pair % 2] + 128 * (pair / 2);
-    const float4 q_top = load_16B(smem, q_at);                               // row g
-    const float4 q_bottom = load_16B(smem, q_at + 8 * Traits::kRowBytes);  // row g + 8
-    // Slice 2 pair takes dims 4t, 4t + 1 of the pair as k = t, t + 4; slice 2 pair + 1 the next two.
-    uint32_t q_hi[2][4], q_lo[2][4];
-    split_fragment(q_hi[0], q_lo[0], q_top.x, q_bottom.x, q_top.y, q_bottom.y);
-    split_fragment(q_hi[1], q_lo[1], q_top.z, q_bottom.z, q_top.w, q_bottom.w);
-#pragma unroll
-    for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
-      const float4 k = load_16B(smem, k_offset[pair % 2] + 128 * (pair / 2) + nt * 8 * Traits::kRowBytes);
-      mma_3xtf32(s[0][nt], corr[nt], q_hi[0], q_lo[0], k.x, k.y);
-      mma_3xtf32(s[0][nt], corr[nt], q_hi[1], q_lo[1], k.z, k.w);
-    }
-  }
-  // An infinite Q or K element makes the main product infinite (the IEEE score), while the
-  // corrections pick up inf * lo of the other operand, whose sign is arbitrary: adding them
-  // could turn a -inf score, which softmax sends to 0, into NaN.
-#pragma unroll
-  for (int nt = 0; nt < Traits::kKeyTiles; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (!isinf(s[0][nt][e])) s[0][nt][e] += corr[nt][e];
-    }
-  }
+  row_products<Traits::kKeyTiles, Traits::kDimPairs, Traits::kRowBytes>(s[0], corr, smem, q_offset, k_offset);
 }
 
 // O = alpha O + P V(tile), P in the S accumulator layout (probabilities, fp32).

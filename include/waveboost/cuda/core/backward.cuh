@@ -82,6 +82,13 @@ struct BackwardBlock {
   }
 };
 
+/// \brief This block's key block: blockIdx.x, or, deterministic and causal, last key block first
+/// (the order the deterministic dQ turn relies on).
+template <bool kCausal, bool kDeterministic>
+__device__ __forceinline__ int64_t backward_key_block() {
+  return kDeterministic && kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+}
+
 /// \brief Locates key block n_block of (batch, kv head) blockIdx.z * gridDim.y + blockIdx.y;
 /// false for a padding block past batch * heads_kv.
 template <bool kCausal>
@@ -164,6 +171,18 @@ __device__ __forceinline__ void reduce_add_16B(float4* at, float4 x) {
   atomicAdd(p + 2, x.z);
   atomicAdd(p + 3, x.w);
 #endif
+}
+
+/// \brief dQ += x at `at` (16 B): a reduction, or, deterministic (the block holds the query block's
+/// dQ turn), a plain read, add and write that bypass L1.
+template <bool kDeterministic>
+__device__ __forceinline__ void add_dq_16B(float4* at, float4 x) {
+  if constexpr (kDeterministic) {
+    const float4 old = __ldcg(at);
+    __stcg(at, make_float4(old.x + x.x, old.y + x.y, old.z + x.z, old.w + x.w));
+  } else {
+    reduce_add_16B(at, x);
+  }
 }
 
 /// \brief dK (times softmax_scale) and dV of one warp's 16 keys from key0, straight from the

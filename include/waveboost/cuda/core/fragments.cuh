@@ -37,6 +37,16 @@ struct MmaFragments {
   }
 };
 
+/// \brief Zeroes kTiles n8 tiles of mma.sync C fragments (float[kTiles][4]).
+template <int kTiles>
+__device__ __forceinline__ void zero_fill(float (&acc)[kTiles][4]) {
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+  }
+}
+
 /// \brief wgmma accumulators of one warp's 16 rows of an m64 x (8 kNTiles) product.
 template <int kNTiles_>
 struct WgmmaFragments {
