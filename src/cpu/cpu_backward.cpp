@@ -56,9 +56,9 @@
 #include "flash_kernel_avx2.h"
 #include "thread_pool.h"
 
-// The per-task functions are always inlined into the wrappers below, which are compiled for
-// AVX2+FMA or the baseline instruction set and picked at run time (as the forward's kernels are).
-#define CPU_BWD_INLINE inline __attribute__((always_inline))
+// The per-task functions are always inlined (WAVEBOOST_CPU_INLINE, flash_kernel.h) into the wrappers
+// below, which are compiled for AVX2+FMA or the baseline instruction set and picked at run time (as
+// the forward's kernels are).
 
 namespace waveboost::cpu {
 namespace {
@@ -127,7 +127,7 @@ struct Problem {
 // working precision) where `given` is `local` rounded to float32 (two float32 ulps allow for
 // the rounding of the forward's own arithmetic).
 template <typename T>
-CPU_BWD_INLINE T refined_lse(float given, T local) {
+WAVEBOOST_CPU_INLINE T refined_lse(float given, T local) {
   if (!std::isfinite(given) || !std::isfinite(local)) return static_cast<T>(given);
   const float magnitude = std::fabs(given);
   const T ulp = static_cast<T>(std::nextafter(magnitude, std::numeric_limits<float>::infinity()) - magnitude);
@@ -159,7 +159,7 @@ BackwardScratch<T>& thread_scratch() {
 
 // dst (head_dim, ld) = scale * src rows^T; columns n .. ld - 1 zero.
 template <typename T>
-CPU_BWD_INLINE void pack_transposed(const T* rows, int64_t row_stride, int64_t n, int64_t head_dim, T scale, int64_t ld,
+WAVEBOOST_CPU_INLINE void pack_transposed(const T* rows, int64_t row_stride, int64_t n, int64_t head_dim, T scale, int64_t ld,
                                     T* dst) {
   std::fill(dst, dst + head_dim * ld, T(0));
   for (int64_t j = 0; j < n; ++j)
@@ -168,7 +168,7 @@ CPU_BWD_INLINE void pack_transposed(const T* rows, int64_t row_stride, int64_t n
 
 // dst (n, dim_padded) = src rows, zero-padded past head_dim.
 template <typename T>
-CPU_BWD_INLINE void copy_rows(const T* rows, int64_t row_stride, int64_t n, int64_t head_dim, int64_t dim_padded,
+WAVEBOOST_CPU_INLINE void copy_rows(const T* rows, int64_t row_stride, int64_t n, int64_t head_dim, int64_t dim_padded,
                               T* dst) {
   for (int64_t j = 0; j < n; ++j) {
     std::copy(rows + j * row_stride, rows + j * row_stride + head_dim, dst + j * dim_padded);
@@ -180,7 +180,7 @@ CPU_BWD_INLINE void copy_rows(const T* rows, int64_t row_stride, int64_t n, int6
 // `limit` (per lane, as T) is how many entries along the other axis are visible, `index` the
 // lane's position along it. lse2 = +inf (a row that sees no key) gives P = 0.
 template <class C, typename Mask>
-CPU_BWD_INLINE void probabilities(typename Simd<typename C::Element, C::kLanes>::Vec score_shift,
+WAVEBOOST_CPU_INLINE void probabilities(typename Simd<typename C::Element, C::kLanes>::Vec score_shift,
                                   typename Simd<typename C::Element, C::kLanes>::Vec d_shift, Mask visible,
                                   typename C::Element* s, typename C::Element* dp) {
   using T = typename C::Element;
@@ -193,7 +193,7 @@ CPU_BWD_INLINE void probabilities(typename Simd<typename C::Element, C::kLanes>:
 
 // Task of phase 1: statistics of query rows [i0, i0 + m) of head h and, kDq, their dQ.
 template <class C, bool kDq>
-CPU_BWD_INLINE void query_block(const Problem<typename C::Element>& pr, int64_t b, int64_t h, int64_t i0, int64_t m,
+WAVEBOOST_CPU_INLINE void query_block(const Problem<typename C::Element>& pr, int64_t b, int64_t h, int64_t i0, int64_t m,
                                 typename C::Element* lse2_buf, typename C::Element* shift_buf) {
   using T = typename C::Element;
   using S = Simd<T, C::kLanes>;
@@ -302,7 +302,7 @@ CPU_BWD_INLINE void query_block(const Problem<typename C::Element>& pr, int64_t 
 // aligned as phase 1's. kDq (one pass): also adds each block's dS K into dq_all, dQ / scale of
 // every row of the query heads of hk, rows_per_head (padded) rows of dim_padded per head.
 template <class C, bool kDq>
-CPU_BWD_INLINE void key_block(const Problem<typename C::Element>& pr, int64_t b, int64_t hk, int64_t j0, int64_t n,
+WAVEBOOST_CPU_INLINE void key_block(const Problem<typename C::Element>& pr, int64_t b, int64_t hk, int64_t j0, int64_t n,
                               const typename C::Element* lse2_buf, const typename C::Element* shift_buf,
                               typename C::Element* dq_all, int64_t rows_per_head) {
   using T = typename C::Element;
@@ -379,7 +379,7 @@ CPU_BWD_INLINE void key_block(const Problem<typename C::Element>& pr, int64_t b,
 
 // One pass: every key block of kv head hk with the dQ of its query heads (after phase 1's statistics).
 template <class C>
-CPU_BWD_INLINE void kv_head(const Problem<typename C::Element>& pr, int64_t b, int64_t hk,
+WAVEBOOST_CPU_INLINE void kv_head(const Problem<typename C::Element>& pr, int64_t b, int64_t hk,
                             const typename C::Element* lse2_buf, const typename C::Element* shift_buf) {
   using T = typename C::Element;
   const AttentionBackwardParams& p = pr.p;
@@ -408,7 +408,7 @@ struct Task {
 };
 
 template <class C>
-CPU_BWD_INLINE void run_task(const Problem<typename C::Element>& pr, const Task<typename C::Element>& t) {
+WAVEBOOST_CPU_INLINE void run_task(const Problem<typename C::Element>& pr, const Task<typename C::Element>& t) {
   switch (t.kind) {
     case Task<typename C::Element>::kQueryBlock:
       return query_block<C, true>(pr, t.b, t.head, t.begin, t.count, t.lse2, t.shift);
