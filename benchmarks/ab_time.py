@@ -3,7 +3,7 @@ attention_backward), so that the same script times two builds of waveboost again
 (benchmarks/ab_trees.sh imports each build in turn through PYTHONPATH).
 
     python benchmarks/ab_time.py TAG --backend mma --pass bwd [--dtypes bf16,fp16] [--head-dims 64,128]
-                                     [--seqlens 1024,4096] [--repeats 20]
+                                     [--seqlens 1024,4096] [--repeats 20] [--deterministic]
 
 Prints one line per cell: TAG pass backend dtype D L causal median_ms (CUDA events, after 3 warm-up calls,
 random normal inputs; batch = 16384 / L, heads = 2048 / D).
@@ -32,6 +32,7 @@ def main(argv=None) -> None:
     ap.add_argument("--head-dims", type=ints, default=[64, 128])
     ap.add_argument("--seqlens", type=ints, default=[1024, 4096])
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--deterministic", action="store_true", help="backward with deterministic=True")
     args = ap.parse_args(argv)
     for dname in args.dtypes.split(","):
         for d in args.head_dims:
@@ -49,6 +50,7 @@ def main(argv=None) -> None:
 
                         def run():
                             return waveboost.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                                                deterministic=args.deterministic,
                                                                 backend=args.backend)
                     for _ in range(3):
                         run()
@@ -61,7 +63,8 @@ def main(argv=None) -> None:
                         torch.cuda.synchronize()
                         times.append(start.elapsed_time(end))
                     times.sort()
-                    print(f"{args.tag} {args.which} {args.backend} {dname} {d} {L} {int(causal)} "
+                    which = args.which + ("-det" if args.deterministic else "")
+                    print(f"{args.tag} {which} {args.backend} {dname} {d} {L} {int(causal)} "
                           f"{times[len(times) // 2]:.4f}", flush=True)
 
 

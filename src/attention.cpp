@@ -426,8 +426,9 @@ Status validate(const AttentionBackwardParams& p) {
 Backend select_backend(const AttentionBackwardParams& p) {
   if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
   // Hopper: the wgmma backward (its TMA kernel) is faster than mma's in every cell measured
-  // (benchmarks/results/*-20261123/backward-wgmma-v2/ and peers-same-run/); it refuses
-  // deterministic=True, which mma runs.
+  // (benchmarks/results/*-20261123/backward-wgmma-v2/ and peers-same-run/), deterministic=True
+  // included (its writer warp takes the turns); where TMA cannot describe the inputs it refuses
+  // deterministic=True and mma runs it.
   if (can_implement(p, Backend::kWgmma).ok()) return Backend::kWgmma;
   if (can_implement(p, Backend::kMma).ok()) return Backend::kMma;
   return Backend::kNaive;

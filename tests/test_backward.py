@@ -221,6 +221,11 @@ def test_backward_on_jax_arrays_returns_jax(rng):
 def test_resolve_backend_for_the_backward(rng):
     q, k, v = random_qkv(rng, 1, 5, 5, 2, 2, 16)
     assert waveboost.resolve_backend(q, k, v, backward=True) == "cpu"
+    assert waveboost.resolve_backend(q, k, v, backward=True, deterministic=True) == "cpu"
+    with pytest.raises(ValueError, match="backward=True"):
+        waveboost.resolve_backend(q, k, v, deterministic=True)
+    with pytest.raises(TypeError, match="deterministic"):
+        waveboost.resolve_backend(q, k, v, backward=True, deterministic="yes")
     assert set(waveboost.backward_backends()) >= {"auto", "cpu"}
     assert "simt" not in waveboost.backward_backends() and "wmma" not in waveboost.backward_backends()
 
@@ -491,6 +496,7 @@ def test_torch_generic_api_does_not_detach(rng):
 
 def test_torch_opcheck_with_autograd(rng):
     torch = pytest.importorskip("torch")
+    import waveboost.torch as wbt  # registers torch.ops.waveboost, whichever tests ran before in this process
 
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     q, k, v = _torch_leaves(rng, (2, 9, 12, 4, 2, 16))
@@ -498,7 +504,6 @@ def test_torch_opcheck_with_autograd(rng):
         result = torch.library.opcheck(torch.ops.waveboost.attention.default, (q, k, v, causal, scale, "auto"),
                                        test_utils=utils)
         assert result == dict.fromkeys(utils, "SUCCESS")
-    import waveboost.torch as wbt
 
     out, lse = wbt.attention(q, k, v, return_lse=True)
     args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),

@@ -324,15 +324,19 @@ def attention(
 
 
 def resolve_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str = "auto",
-                    backward: bool = False) -> str:
-    """The backend ``attention`` (or, with ``backward=True``, ``attention_backward``) would run
-    for these tensors; ValueError says why if none can."""
+                    backward: bool = False, deterministic: bool = False) -> str:
+    """The backend ``attention`` (or, with ``backward=True``, ``attention_backward``, with
+    ``deterministic`` as that call's) would run for these tensors; ValueError says why if none can."""
     check_backend(backend)
     causal = check_flag(causal, "causal")
     backward = check_flag(backward, "backward")
+    deterministic = check_flag(deterministic, "deterministic")
     if backward:
         _check_backward_backend(backend)
-        return _ask_about_qkv(_waveboost.resolve_backward_backend, q, k, v, causal, backend)
+        return _ask_about_qkv(_waveboost.resolve_backward_backend, q, k, v, causal, backend, deterministic)
+    if deterministic:
+        raise ValueError("deterministic=True describes a backward call: pass backward=True too "
+                         "(every forward is deterministic)")
     return _ask_about_qkv(_waveboost.resolve_backend, q, k, v, causal, backend)
 
 

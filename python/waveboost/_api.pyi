@@ -105,7 +105,14 @@ def attention(
     backend: BackendName = ...,
 ) -> _Array | tuple[_Array, _Array]: ...
 def resolve_backend(
-    q: _Array, k: _Array, v: _Array, *, causal: bool = ..., backend: BackendName = ...
+    q: _Array,
+    k: _Array,
+    v: _Array,
+    *,
+    causal: bool = ...,
+    backend: BackendName = ...,
+    backward: bool = ...,
+    deterministic: bool = ...,
 ) -> ResolvedBackend: ...
 def info() -> Info: ...
 @overload

@@ -126,12 +126,13 @@ Status mma_backward(const AttentionBackwardParams& p, void* stream) {
 #ifdef WAVEBOOST_WITH_SM90A
 // Defined in src/cuda/sm90/flash_bwd_wgmma.cu.
 int64_t flash_bwd_wgmma_block_n();
+Status flash_bwd_wgmma_deterministic_applies(const AttentionBackwardParams& p);
 
 Status wgmma_can_implement_backward(const AttentionBackwardParams& p) {
   const KernelRecord* kernel = nullptr;
   if (Status s = check_kernel(p, Backend::kWgmma, &kernel); !s.ok()) return s;
   if (p.deterministic) {
-    return Status::NotSupported("backend 'wgmma' (backward) adds dQ with atomics: deterministic=True runs on 'mma'");
+    if (Status s = flash_bwd_wgmma_deterministic_applies(p); !s.ok()) return s;
   }
   dim3 grid;
   return backward_grid(p, flash_bwd_wgmma_block_n(), "wgmma", &grid);

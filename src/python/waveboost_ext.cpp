@@ -188,7 +188,7 @@ NB_MODULE(_waveboost, m) {
 
   m.def(
       "resolve_backward_backend",
-      [](InputTensor q, InputTensor k, InputTensor v, bool causal, const std::string& backend) {
+      [](InputTensor q, InputTensor k, InputTensor v, bool causal, const std::string& backend, bool deterministic) {
         const Backend b = backend_from_name(backend);
         // A representative call: can_implement reads shapes, strides, dtype and the device, and
         // only the alignment of the pointers, so the inputs stand in for the other tensors.
@@ -204,9 +204,11 @@ NB_MODULE(_waveboost, m) {
         p.do_head_stride = p.dq_head_stride = p.q_head_stride;
         p.dk_batch_stride = p.k_batch_stride, p.dk_row_stride = p.k_row_stride, p.dk_head_stride = p.k_head_stride;
         p.dv_batch_stride = p.v_batch_stride, p.dv_row_stride = p.v_row_stride, p.dv_head_stride = p.v_head_stride;
+        p.deterministic = deterministic;
         return resolved_backend_name(p, b);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal") = false, nb::arg("backend") = "auto",
+      nb::arg("deterministic") = false,
       "The backend a backward call with these tensors would run; raises ValueError with the reason if it cannot run.");
 
   m.def(

@@ -182,38 +182,19 @@ __global__ void convert_dq_kernel(const __grid_constant__ AttentionBackwardParam
   }
 }
 
-// The semaphore of one (batch * head, query block) for the deterministic dQ: one thread acquires
-// it at gpu scope, and the block barrier orders every thread's reads of dQ after that acquire.
-__device__ __forceinline__ void wait_for_turn(const int* semaphore, int turn) {
-  if (threadIdx.x == 0) {
-    int now;
-    do {
-      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(now) : "l"(semaphore) : "memory");
-    } while (now != turn);
-  }
+// The deterministic dQ (core/backward.cuh): thread 0 waits for key block n_block's turn at query
+// block m_index, and the block barrier orders every thread's reads of dQ after its acquire.
+template <bool kCausal>
+__device__ __forceinline__ void wait_for_dq_turn(const int* semaphore, int64_t n_block, int64_t m_index,
+                                                 int64_t block_m, int64_t block_n, int64_t causal_offset) {
+  if (threadIdx.x == 0) spin_until_turn(semaphore, dq_turn<kCausal>(n_block, m_index, block_m, block_n, causal_offset));
   __syncthreads();
 }
 
 // After the block barrier, one release at gpu scope publishes every thread's dQ writes.
 __device__ __forceinline__ void pass_turn(int* semaphore) {
   __syncthreads();
-  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(semaphore) : "memory");
-}
-
-// The deterministic dQ: waits until key block n_block may add into query block m_index, in a fixed
-// order of the key blocks. Non-causal: ascending, every block visits the query blocks in the same
-// order, so block n waits for block n - 1 (launched before it). Causal (blocks launched last key
-// block first): descending from the last key block that sees m, since block n + 1 starts at a later
-// query block than block n and gets to m first, and it launched first.
-template <bool kCausal>
-__device__ __forceinline__ void wait_for_dq_turn(const int* semaphore, int64_t n_block, int64_t m_index,
-                                                 int64_t block_m, int64_t block_n, int64_t causal_offset) {
-  int turn = static_cast<int>(n_block);
-  if constexpr (kCausal) {
-    const int64_t last_seeing = ((m_index + 1) * block_m + causal_offset - 1) / block_n;
-    turn = static_cast<int>(min(last_seeing, static_cast<int64_t>(gridDim.x) - 1) - n_block);
-  }
-  wait_for_turn(semaphore, turn);
+  if (threadIdx.x == 0) count_turn(semaphore);
 }
 
 // The top of step s (in buffers `buf`) of a block's walk over its steps: issue step s + 1's copies
@@ -253,9 +234,10 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const int g = lane / 4;
   const int t = lane % 4;
 
-  const int64_t n_block = backward_key_block<kCausal, kDeterministic>();
+  const BackwardBlockIndex index = backward_block_index<kCausal>(kDeterministic);
+  const int64_t n_block = index.n_block;
   BackwardBlock blk;
-  if (!locate_backward_block<kCausal>(p, n_block, kBlockN, kBlockM, blk)) return;
+  if (!locate_backward_block<kCausal>(p, index, kBlockN, kBlockM, blk)) return;
   const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
 
   const Element* k = blk.k_rows<Element>(p);

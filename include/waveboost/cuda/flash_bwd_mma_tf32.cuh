@@ -161,9 +161,10 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const int g = lane / 4;
   const int t = lane % 4;
 
-  const int64_t n_block = backward_key_block<kCausal, kDeterministic>();
+  const BackwardBlockIndex index = backward_block_index<kCausal>(kDeterministic);
+  const int64_t n_block = index.n_block;
   BackwardBlock blk;
-  if (!locate_backward_block<kCausal>(p, n_block, kBlockN, kBlockM, blk)) return;
+  if (!locate_backward_block<kCausal>(p, index, kBlockN, kBlockM, blk)) return;
   const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
 
   flash_mma_tf32::load_tile<Traits, kBlockN, true>(base + Traits::kKOffset, blk.k_rows<float>(p), p.k_row_stride,

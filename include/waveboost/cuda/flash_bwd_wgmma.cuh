@@ -272,7 +272,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const int t = lane % 4;
 
   BackwardBlock blk;
-  if (!locate_backward_block<kCausal>(p, blockIdx.x, kBlockN, kBlockM, blk)) return;
+  if (!locate_backward_block<kCausal>(p, backward_block_index<kCausal>(false), kBlockN, kBlockM, blk)) return;
   const int64_t n0 = blk.n0, steps = blk.steps;
 
   const Element* k = blk.k_rows<Element>(p);
@@ -534,11 +534,13 @@ __device__ __forceinline__ void produce(const AttentionBackwardParams& p, const 
 }
 
 // Writer warp: per step, once the dQ tile is complete, one bulk reduction per box (issued by
-// lane 0) into the fp32 accumulator; the tile is released once they have read it.
-template <typename Traits>
+// lane 0) into the fp32 accumulator; the tile is released once they have read it. Deterministic
+// (ws.semaphores): lane 0 first waits for the block's turn at the query block (dq_turn), and counts
+// it once the reductions have completed, after the tile is released.
+template <typename Traits, bool kCausal>
 __device__ __forceinline__ void write_dq(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws,
-                                         const BackwardMaps& maps, const BackwardBlock& blk, const Smem<Traits>& sm,
-                                         int lane) {
+                                         const BackwardMaps& maps, const BackwardBlock& blk, int64_t n_block,
+                                         const Smem<Traits>& sm, int lane) {
   constexpr int kThreads = 32 + Traits::kDqWriters;
   // The steps in order (query head by query head, the query blocks of each) on 32-bit counters
   // (the launcher checks that steps and accumulator rows fit), without the 64-bit divisions of
@@ -551,6 +553,12 @@ __device__ __forceinline__ void write_dq(const AttentionBackwardParams& p, const
   for (int s = 0; s < steps; head_row += m_pad) {
     int row = head_row;
     for (int m = 0; m < m_count; ++m, ++s, row += Traits::kBlockM) {
+      int* const semaphore = ws.semaphores != nullptr ? ws.semaphores + row / Traits::kBlockM : nullptr;
+      if (semaphore != nullptr && lane == 0) {
+        spin_until_turn(semaphore, dq_turn<kCausal>(n_block, blk.m_begin + m, Traits::kBlockM, Traits::kBlockN,
+                                                    blk.causal_offset));
+        tma::fence_proxy_async_global();  // the reductions below come after the acquire
+      }
       tma::named_barrier_sync(kDqFull, kThreads);
       if (lane == 0) {
 #pragma unroll
@@ -562,6 +570,11 @@ __device__ __forceinline__ void write_dq(const AttentionBackwardParams& p, const
       }
       __syncwarp();
       if (s + 1 < steps) tma::named_barrier_arrive(kDqEmpty, kThreads);
+      if (semaphore != nullptr && lane == 0) {
+        tma::bulk_wait_group<0>();  // the reductions performed
+        tma::fence_proxy_async_global();
+        count_turn(semaphore);
+      }
     }
   }
   if (lane == 0) tma::bulk_wait_group<0>();
@@ -595,8 +608,12 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   }
   __syncthreads();  // the only block-wide barrier: the roles part here
 
+  // Deterministic (the launch sequence zeroed the semaphores): the writer warp adds each step's dQ
+  // in its turn (core/backward.cuh); nothing else changes but the block order.
+  const bool deterministic = ws.semaphores != nullptr;
+  const BackwardBlockIndex index = backward_block_index<kCausal>(deterministic);
   BackwardBlock blk;
-  if (!locate_backward_block<kCausal>(p, blockIdx.x, kBlockN, kBlockM, blk)) return;
+  if (!locate_backward_block<kCausal>(p, index, kBlockN, kBlockM, blk)) return;
   const int64_t n0 = blk.n0, steps = blk.steps;
 
   const int warpgroup = threadIdx.x / 128;
@@ -607,7 +624,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     if (warp == 0) {
       if (lane == 0 && steps > 0) produce<Traits>(p, ws, maps, blk, sm);
     } else if (warp == 1) {
-      if constexpr (kDqBulk) write_dq<Traits>(p, ws, maps, blk, sm, lane);
+      if constexpr (kDqBulk) write_dq<Traits, kCausal>(p, ws, maps, blk, index.n_block, sm, lane);
     }
     return;
   }
@@ -766,27 +783,40 @@ constexpr int flash_bwd_wgmma_smem_bytes() {
 
 namespace flash_bwd_wgmma_launch {
 
+// The producer's tensor maps (Q, dO, K, V) and the limits of the writer's 32-bit step counters;
+// NotSupported where TMA cannot describe an input or the counters would overflow.
+template <typename Element, int kHeadDim>
+Status encode_input_maps(const AttentionBackwardParams& p, flash_bwd_wgmma_ws::BackwardMaps* maps) {
+  using Traits = FlashBwdWgmmaWsTraits<Element, kHeadDim>;
+  const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  int64_t m_pad = 0;
+  flash_bwd_mma_workspace_bytes(p, &m_pad);
+  if (p.heads_kv <= 0 || (p.heads / p.heads_kv) * m_blocks >= (int64_t{1} << 31) ||
+      p.batch * p.heads * m_pad >= (int64_t{1} << 31)) {
+    return Status::NotSupported("more than 2^31 steps per key block or dQ accumulator rows");
+  }
+  if (!tma::encode_rows_map(&maps->q, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
+                            p.q_head_stride, p.q_batch_stride, Traits::kBlockM) ||
+      !tma::encode_rows_map(&maps->dout, p.dout, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.do_row_stride,
+                            p.do_head_stride, p.do_batch_stride, Traits::kBlockM) ||
+      !tma::encode_rows_map(&maps->k, p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
+                            p.k_head_stride, p.k_batch_stride, Traits::kBlockN) ||
+      !tma::encode_rows_map(&maps->v, p.v, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
+                            p.v_head_stride, p.v_batch_stride, Traits::kBlockN)) {
+    return Status::NotSupported("TMA cannot describe q, dout, k or v (strides and base must be 16 B multiples)");
+  }
+  return Status::Ok();
+}
+
 // The warp-specialized kernel; NotSupported (nothing launched) where TMA cannot describe an input.
 template <typename Element, int kHeadDim, bool kCausal>
 Status main_ws(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, const dim3& grid, cudaStream_t stream) {
   using Traits = FlashBwdWgmmaWsTraits<Element, kHeadDim>;
-  // The dQ writer counts steps (group x query blocks) in 32 bits.
-  const int64_t m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  if (p.heads_kv <= 0 || (p.heads / p.heads_kv) * m_blocks >= (int64_t{1} << 31)) {
-    return Status::NotSupported("more than 2^31 steps per key block");
-  }
   flash_bwd_wgmma_ws::BackwardMaps maps;
-  if (!tma::encode_rows_map(&maps.q, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
-                            p.q_head_stride, p.q_batch_stride, Traits::kBlockM) ||
-      !tma::encode_rows_map(&maps.dout, p.dout, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.do_row_stride,
-                            p.do_head_stride, p.do_batch_stride, Traits::kBlockM) ||
-      !tma::encode_rows_map(&maps.k, p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
-                            p.k_head_stride, p.k_batch_stride, Traits::kBlockN) ||
-      !tma::encode_rows_map(&maps.v, p.v, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
-                            p.v_head_stride, p.v_batch_stride, Traits::kBlockN) ||
-      !encode_dq_accumulator_map(&maps.dq_accum, ws.dq_accum, kHeadDim, p.batch * p.heads * ws.m_pad,
+  if (Status s = encode_input_maps<Element, kHeadDim>(p, &maps); !s.ok()) return s;
+  if (!encode_dq_accumulator_map(&maps.dq_accum, ws.dq_accum, kHeadDim, p.batch * p.heads * ws.m_pad,
                                  Traits::kBlockM)) {
-    return Status::NotSupported("TMA cannot describe q, dout, k, v or the dQ accumulator");
+    return Status::NotSupported("TMA cannot describe the dQ accumulator");
   }
   const auto kernel = flash_bwd_wgmma_ws_kernel<Element, kHeadDim, kCausal, true>;
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
@@ -794,6 +824,9 @@ Status main_ws(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, co
   return cuda_status(cudaGetLastError(), "flash_bwd_wgmma_ws_kernel launch");
 }
 
+// The warp-specialized kernel, or the cp.async one (WAVEBOOST_WGMMA_BACKWARD=cp.async, or where
+// TMA cannot describe an input). Deterministic runs only the warp-specialized kernel (its writer
+// warp takes the turns); can_implement refuses what it cannot run.
 template <typename Element, int kHeadDim, bool kCausal>
 Status main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, cudaStream_t stream) {
   using Traits = FlashBwdWgmmaTraits<Element, kHeadDim>;
@@ -802,7 +835,9 @@ Status main(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws, cudaS
   static_assert(FlashBwdWgmmaWsTraits<Element, kHeadDim>::kBlockN == Traits::kBlockN, "one grid for both kernels");
   if (flash_bwd_wgmma_use_tma()) {
     const Status ws_status = main_ws<Element, kHeadDim, kCausal>(p, ws, grid, stream);
-    if (ws_status.code() != StatusCode::kNotSupported) return ws_status;
+    if (ws_status.code() != StatusCode::kNotSupported || p.deterministic) return ws_status;
+  } else if (p.deterministic) {
+    return Status::NotSupported("WAVEBOOST_WGMMA_BACKWARD=cp.async adds dQ with atomics: no deterministic=True");
   }
   return launch_backward_main(flash_bwd_wgmma_kernel<Element, kHeadDim, kCausal>, p, ws, grid, Traits::kThreads,
                               Traits::kSmemBytes, stream, "flash_bwd_wgmma_kernel launch");

@@ -143,6 +143,12 @@ __device__ __forceinline__ void bulk_wait_group() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// Orders this thread's generic-proxy accesses of global memory against its async-proxy ones (bulk
+// copies and reductions) on either side of it.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 // Register reallocation between warpgroups: every warp of the warpgroup executes it.
 template <int kRegisters>
 __device__ __forceinline__ void registers_grow() {

@@ -4,7 +4,8 @@
 // The main kernel is the warp-specialized one (TMA producer, dQ summed over the block and added
 // by a writer warp's tensor bulk reductions); WAVEBOOST_WGMMA_BACKWARD=cp.async names the kernel
 // whose threads all copy behind a block barrier per step and add dQ per warpgroup. Where TMA
-// cannot describe q, dout, k, v or the dQ accumulator, the cp.async kernel runs.
+// cannot describe q, dout, k, v or the dQ accumulator, the cp.async kernel runs, except with
+// deterministic=True: only the warp-specialized kernel adds dQ in a fixed order.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -30,6 +31,20 @@ bool encode_dq_accumulator_map(CUtensorMap* map, float* base, int64_t head_dim, 
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, global_strides, box, element_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+Status flash_bwd_wgmma_deterministic_applies(const AttentionBackwardParams& p) {
+  if (!flash_bwd_wgmma_use_tma()) {
+    return Status::NotSupported("backend 'wgmma' (backward) with WAVEBOOST_WGMMA_BACKWARD=cp.async adds dQ with "
+                                "atomics: deterministic=True runs on 'mma'");
+  }
+  // The maps depend on the element type only through p.dtype (both types share the traits).
+  flash_bwd_wgmma_ws::BackwardMaps maps;
+  const Status s = p.head_dim == 64 ? flash_bwd_wgmma_launch::encode_input_maps<__half, 64>(p, &maps)
+                                    : flash_bwd_wgmma_launch::encode_input_maps<__half, 128>(p, &maps);
+  if (s.ok()) return s;
+  return Status::NotSupported("backend 'wgmma' (backward, deterministic=True) runs on its TMA kernel only: " +
+                              s.message() + "; deterministic=True runs on 'mma' there");
 }
 
 int64_t flash_bwd_wgmma_block_n() {

@@ -82,30 +82,76 @@ struct BackwardBlock {
   }
 };
 
-/// \brief This block's key block: blockIdx.x, or, deterministic and causal, last key block first
-/// (the order the deterministic dQ turn relies on).
-template <bool kCausal, bool kDeterministic>
-__device__ __forceinline__ int64_t backward_key_block() {
-  return kDeterministic && kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+/// \brief The key block and the (batch, kv head) a backward block owns, from its place in the
+/// grid (backward_grid: x = key blocks, batch * heads_kv folded over y and z). x runs fastest in the
+/// launch order, so the key blocks of one (batch, kv head) run side by side and share its Q, dO and
+/// dQ rows in L2. Deterministic and causal, the last key block launches first: the order of the
+/// dQ turns (dq_turn), so that every block's predecessors in its turns were launched before it.
+struct BackwardBlockIndex {
+  int64_t n_block;
+  int64_t bhk;  // batch index * heads_kv + kv head; from p.batch * p.heads_kv on a padding block
+};
+
+template <bool kCausal>
+__device__ __forceinline__ BackwardBlockIndex backward_block_index(bool deterministic) {
+  const int64_t n_block = deterministic && kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  return {n_block, static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y};
 }
 
-/// \brief Locates key block n_block of (batch, kv head) blockIdx.z * gridDim.y + blockIdx.y;
-/// false for a padding block past batch * heads_kv.
+/// \brief Locates key block index.n_block of (batch, kv head) index.bhk; false for a padding
+/// block past batch * heads_kv.
 template <bool kCausal>
-__device__ __forceinline__ bool locate_backward_block(const AttentionBackwardParams& p, int64_t n_block,
+__device__ __forceinline__ bool locate_backward_block(const AttentionBackwardParams& p, BackwardBlockIndex index,
                                                       int64_t block_n, int64_t block_m, BackwardBlock& blk) {
-  const int64_t bhk = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
+  const int64_t bhk = index.bhk;
   if (bhk >= p.batch * p.heads_kv) return false;
   blk.b = bhk / p.heads_kv;
   blk.h_kv = bhk % p.heads_kv;
   blk.group = p.heads / p.heads_kv;
-  blk.n0 = n_block * block_n;
+  blk.n0 = index.n_block * block_n;
   blk.causal_offset = p.seqlen_k - p.seqlen_q;
   const int64_t m_blocks = (p.seqlen_q + block_m - 1) / block_m;
   blk.m_begin = kCausal ? (blk.n0 - blk.causal_offset > 0 ? (blk.n0 - blk.causal_offset) / block_m : 0) : 0;
   blk.m_count = m_blocks > blk.m_begin ? m_blocks - blk.m_begin : 0;
   blk.steps = blk.group * blk.m_count;
   return true;
+}
+
+// ---- The deterministic dQ: a fixed order of the key blocks adding into each query block ----
+//
+// One int32 semaphore per (batch * head, query block) counts the key blocks that have added their
+// share; key block n adds when the count equals its turn, then counts itself. Non-causal: the turn
+// is n, every block walks the query blocks in the same order and waits for block n - 1, so the
+// blocks of a head settle into a staircase, each a dQ add behind the one before it, and run at the
+// pace of the slowest (a block that cannot start its next step before its add has landed pays the
+// add per step; the wgmma writer warp adds while its block computes). Causal (launched last key
+// block first, backward_block_index): descending from the last key block that sees the query
+// block, since block n + 1 starts at a later query block than block n and gets to each one first.
+// The key blocks that see a query block are always 0 .. that last one (the causal mask keeps a
+// prefix of the keys), so no turn is skipped. Each block waits only for blocks launched before it.
+
+/// \brief Key block n_block's turn at query block m_index (block_m rows; block_n keys per block).
+template <bool kCausal>
+__device__ __forceinline__ int dq_turn(int64_t n_block, int64_t m_index, int64_t block_m, int64_t block_n,
+                                       int64_t causal_offset) {
+  if constexpr (kCausal) {
+    const int64_t last_seeing = ((m_index + 1) * block_m + causal_offset - 1) / block_n;
+    return static_cast<int>(min(last_seeing, static_cast<int64_t>(gridDim.x) - 1) - n_block);
+  }
+  return static_cast<int>(n_block);
+}
+
+/// \brief Spins (one thread) until *semaphore == turn, reading with acquire at gpu scope.
+__device__ __forceinline__ void spin_until_turn(const int* semaphore, int turn) {
+  int now;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(now) : "l"(semaphore) : "memory");
+  } while (now != turn);
+}
+
+/// \brief Counts this key block's add (one thread), with release at gpu scope.
+__device__ __forceinline__ void count_turn(int* semaphore) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(semaphore) : "memory");
 }
 
 /// \brief Whether a (key block, query block) pair needs the per-element mask: keys past the
