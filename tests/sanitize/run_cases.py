@@ -85,15 +85,17 @@ def backward_cases():
     out.append(("mma", "fp32", (1, 150, 200, 4, 2), 64, True, "contiguous", True, False))
     out.append(("naive", "fp16", SHAPE_A, 80, True, "contiguous", False, True))
     out.append(("naive", "fp16", SHAPE_B, 64, False, "unaligned", False, False))
-    # wgmma (compute capability 9.0 only: skipped elsewhere; no deterministic mode): both head dims,
-    # causal and not, tails, GQA/MQA, rows that see no key, dlse, a BHSD view, and more steps per
-    # key block than the load ring has stages.
+    # wgmma (compute capability 9.0 only: skipped elsewhere): both head dims, causal and not, tails,
+    # GQA/MQA, rows that see no key, dlse, a BHSD view, more steps per key block than the load ring
+    # has stages, and deterministic (the writer warp's turns) causal and not.
     out += [("wgmma", "fp16", SHAPE_A, 64, True, "contiguous", False, False),
             ("wgmma", "bf16", SHAPE_B, 128, True, "contiguous", False, True),
             ("wgmma", "fp16", SHAPE_A, 128, False, "bhsd", False, True),
             ("wgmma", "bf16", SHAPE_B, 64, False, "contiguous", False, False),
             ("wgmma", "bf16", (2, 300, 260, 4, 2), 128, True, "contiguous", False, False),
-            ("wgmma", "fp16", (1, 300, 300, 8, 1), 64, False, "contiguous", False, True)]
+            ("wgmma", "fp16", (1, 300, 300, 8, 1), 64, False, "contiguous", False, True),
+            ("wgmma", "bf16", (2, 300, 400, 4, 2), 128, True, "contiguous", True, False),
+            ("wgmma", "fp16", (1, 200, 520, 4, 1), 64, False, "bhsd", True, True)]
     return out
 
 
