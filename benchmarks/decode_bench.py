@@ -26,9 +26,10 @@ from waveboost.bench import main
 # --merge-sweep: GPU time per decode step of waveboost's decode backend alone under each setting of
 # the split-KV merge and split count (WAVEBOOST_DECODE_COMBINE, WAVEBOOST_DECODE_BLOCKS_PER_SM), one
 # process per setting (the variables are read once per process). (batch, KV length, heads, kv heads): the one-sequence
-# cells, the one-wave cell and MQA, all bf16, head dim 128, one query per sequence.
-SWEEP_SHAPES = ((1, 2048, 32, 8), (1, 8192, 32, 8), (1, 32768, 32, 8), (1, 2048, 64, 8), (16, 8192, 32, 8),
-                (32, 8192, 32, 1))
+# cells, cells of 32 and 128 (batch, kv head) pairs, MQA and a cell of several waves, all bf16, head dim 128,
+# one query per sequence.
+SWEEP_SHAPES = ((1, 2048, 32, 8), (1, 8192, 32, 8), (1, 32768, 32, 8), (1, 2048, 64, 8), (4, 8192, 32, 8),
+                (16, 8192, 32, 8), (32, 8192, 32, 1), (64, 4096, 64, 8))
 SWEEP_SETTINGS = tuple(
     (f"{merge}, splits for {blocks} block{'s' if blocks > 1 else ''} per SM",
      {"WAVEBOOST_DECODE_COMBINE": env, "WAVEBOOST_DECODE_BLOCKS_PER_SM": str(blocks)})
@@ -99,7 +100,9 @@ def sweep_child() -> None:
             kc, vc = caches[i % copies]
             waveboost.attention_with_kvcache(q, kc, vc, lengths, out=out, backend="decode")
         us = _graph_step_us(torch, step)
+        plan = waveboost.plan(q, caches[0][0], caches[0][1], backend="decode")
         print(json.dumps({"shape": [b, lk, h, hkv], "us": round(us, 2), "gbs": round(kv_bytes / us / 1e3, 1),
+                          "splits": plan["num_splits"], "merge": plan.get("merge", ""),
                           "kernels": _kernel_us(torch, step)}), flush=True)
         del caches
     # What the nodes of a split step cost on their own in a graph: a 64 B memset, and a
@@ -140,11 +143,11 @@ def merge_sweep(out_dir: str) -> int:
             if "shape" in r:
                 b, lk, h, hkv = r["shape"]
                 kern = "; ".join(f"{k} {v}" for k, v in r["kernels"].items())
-                rows.append(f'"{name}",{b},{lk},{h},{hkv},{r["us"]},{r["gbs"]},"{kern}"')
+                rows.append(f'"{name}",{b},{lk},{h},{hkv},{r["splits"]},{r["merge"]},{r["us"]},{r["gbs"]},"{kern}"')
     with open(os.path.join(out_dir, "merge_sweep.csv"), "w") as f:
         f.write(f"# {torch.cuda.get_device_name()}; GPU time per step, CUDA graph of {STEPS} steps, median of "
                 f"{REPLAYS} replays; bf16, head dim 128, 1 query\n")
-        f.write("setting,batch,seqlen_k,heads,heads_kv,us_per_step,kv_gbs,kernels_us_per_step\n")
+        f.write("setting,batch,seqlen_k,heads,heads_kv,splits,merge,us_per_step,kv_gbs,kernels_us_per_step\n")
         f.write("\n".join(rows) + "\n")
     with open(os.path.join(out_dir, "merge_sweep.log"), "w") as f:
         f.write("\n".join(log))

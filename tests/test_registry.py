@@ -90,7 +90,7 @@ def test_kernels_export_the_compiled_table():
 
 def test_plan_on_the_cpu():
     q = np.random.default_rng(0).standard_normal((1, 9, 2, 16)).astype(np.float32)
-    assert waveboost.plan(q, q, q) == {"backend": "cpu", "kernel": "cpu", "num_splits": 1}
+    assert waveboost.plan(q, q, q) == {"backend": "cpu", "kernel": "cpu", "num_splits": 1, "merge": ""}
     with pytest.raises(ValueError, match="backend 'mma'"):
         waveboost.plan(q, q, q, backend="mma")
     with pytest.raises(TypeError, match="causal"):
@@ -104,7 +104,7 @@ def test_plan_takes_every_framework(framework):
     x = module.from_numpy(q) if framework == "torch" else module.numpy.asarray(q)
     if framework == "jax" and x.devices().pop().platform != "cpu":
         x = module.device_put(x, module.devices("cpu")[0])
-    assert waveboost.plan(x, x, x, causal=True) == {"backend": "cpu", "kernel": "cpu", "num_splits": 1}
+    assert waveboost.plan(x, x, x, causal=True) == {"backend": "cpu", "kernel": "cpu", "num_splits": 1, "merge": ""}
 
 
 # ---------------------------------------------------------------------------
@@ -193,8 +193,9 @@ def test_plan_names_the_tma_kernel_and_the_split():
     mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     # A full grid: unsplit, on the TMA kernel.
     q, k = mk(4, 2048, 16, 128), mk(4, 2048, 16, 128)
-    assert waveboost.plan(q, k, k) == {"backend": "wgmma", "kernel": "wgmma_tma_hdim128_bf16", "num_splits": 1}
+    assert waveboost.plan(q, k, k) == {"backend": "wgmma", "kernel": "wgmma_tma_hdim128_bf16", "num_splits": 1,
+                                         "merge": ""}
     # One block of query rows against 64 key tiles: split on any GPU with 2 SMs or more.
     q, k = mk(1, 64, 1, 64), mk(1, 8192, 1, 64)
     plan = waveboost.plan(q, k, k, backend="wgmma")
-    assert plan["kernel"] == "wgmma_hdim64_bf16" and plan["num_splits"] > 1, plan
+    assert plan["kernel"] == "wgmma_hdim64_bf16" and plan["num_splits"] > 1 and plan["merge"] == "combine-kernel", plan

@@ -146,12 +146,16 @@ Backend select_backend(const AttentionParams& params);
 // What attention_forward would run for these params on `backend` (kAuto resolved): the backend,
 // the kernel (a name of kernel_table(), or the backend's name for paths outside it: cpu, naive)
 // and how many pieces the keys are cut into (split-KV: the pieces run as separate blocks and are
-// merged after; 1: unsplit). Nothing runs. The launchers take the same decisions from the same
-// functions, so a test can assert which path a call takes whatever the device's SM count.
+// merged after; 1: unsplit) and how the pieces merge. Nothing runs. The launchers take the same
+// decisions from the same functions, so a test can assert which path a call takes whatever the
+// device's SM count.
 struct ForwardPlan {
   Backend backend = Backend::kAuto;
   std::string kernel;
   int num_splits = 1;
+  // With num_splits > 1: "in-kernel" (the last piece to finish merges them) or "combine-kernel"
+  // (a second kernel merges them); empty when unsplit.
+  std::string merge;
 };
 Status plan_forward(const AttentionParams& params, Backend backend, ForwardPlan* plan);
 

@@ -505,10 +505,12 @@ def capabilities(device: int = 0) -> list:
 def plan(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str = "auto") -> dict:
     """What ``attention(q, k, v, causal=causal, backend=backend)`` would launch, without running it:
     a dict with ``backend`` (``auto`` resolved), ``kernel`` (a ``name`` of ``kernels()``, or the
-    backend's name for the paths outside the kernel table: ``cpu``, ``naive``) and ``num_splits``
-    (the pieces the keys are cut into and merged after, split-KV; 1 when unsplit). The launchers
-    decide through the same functions, so the answer is the call's. ValueError says why if the
-    call cannot run."""
+    backend's name for the paths outside the kernel table: ``cpu``, ``naive``), ``num_splits``
+    (the pieces the keys are cut into and merged after, split-KV; 1 when unsplit) and ``merge``,
+    how the pieces merge: ``in-kernel`` (the last piece to finish merges them), ``combine-kernel``
+    (a second kernel), or ``""`` when unsplit. The launchers decide
+    through the same functions, so the answer is the call's. ValueError says why if the call cannot
+    run."""
     check_backend(backend)
     causal = check_flag(causal, "causal")
     return dict(_ask_about_qkv(_waveboost.plan, q, k, v, causal, backend))

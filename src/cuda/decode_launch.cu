@@ -115,6 +115,7 @@ Status decode_plan(const AttentionParams& p, ForwardPlan* plan) {
   int multiprocessors = 0;
   if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
   plan->num_splits = decode_splits(p, multiprocessors);
+  plan->merge = plan->num_splits == 1 ? "" : (merge_in_kernel(p) ? "in-kernel" : "combine-kernel");
   return plan_kernel(Backend::kDecode, "", p, plan);
 }
 

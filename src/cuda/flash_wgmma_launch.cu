@@ -71,6 +71,7 @@ Status wgmma_plan(const AttentionParams& p, ForwardPlan* plan) {
   SplitKV split;
   if (Status st = wgmma_split(p, &split); !st.ok()) return st;
   plan->num_splits = split.num_splits;
+  plan->merge = split.num_splits > 1 ? "combine-kernel" : "";
   // launch() tries the TMA kernel under the same conditions, and it declines exactly where
   // wgmma_tma_applies is false.
   const bool tma = split.num_splits == 1 && use_tma_pipeline() && wgmma_tma_applies(p);

@@ -147,6 +147,7 @@ NB_MODULE(_waveboost, m) {
         r["backend"] = waveboost::backend_name(plan.backend);
         r["kernel"] = plan.kernel;
         r["num_splits"] = plan.num_splits;
+        r["merge"] = plan.merge;
         return r;
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal") = false, nb::arg("backend") = "auto",
