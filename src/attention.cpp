@@ -290,12 +290,14 @@ Backend select_backend(const AttentionParams& p) {
   if (p.heads_kv > 0 && p.seqlen_q * (p.heads / p.heads_kv) <= 64 && can_implement(p, Backend::kDecode).ok())
     return Backend::kDecode;
   // Sequence layouts with longer queries (prefill, chunked prefill on a paged cache) run on the
-  // tensor-core flash paths: wgmma at head dim 128 and on paged caches, mma for packed K/V at head
-  // dim 64 (where its sequence kernel led wgmma's on an H100,
-  // benchmarks/results/nvidia-h100-80gb-hbm3-20261123/varlen/). What they refuse goes to decode
-  // (whose can_implement then says why, if it cannot either).
+  // tensor-core flash paths: wgmma, whose TMA kernel takes contiguous sequence layouts (0.85x
+  // mma's time at head dim 64, 0.66x at 128 on an H100,
+  // benchmarks/results/nvidia-h100-80gb-hbm3-20261125/varlen-tma/), except packed K/V of unknown
+  // extent (total_k unset: a C++ caller) at head dim 64, where its cp.async kernel trails mma's
+  // (results/*-20261123/varlen/). What they refuse goes to decode (whose can_implement then says
+  // why, if it cannot either).
   if (!p.is_dense()) {
-    const bool wgmma_wins = p.head_dim == 128 || p.is_paged();
+    const bool wgmma_wins = p.head_dim == 128 || p.is_paged() || !p.is_varlen_k() || p.total_k > 0;
     if (p.dtype != DType::kFloat32 && wgmma_wins && can_implement(p, Backend::kWgmma).ok()) return Backend::kWgmma;
     if (can_implement(p, Backend::kMma).ok()) return Backend::kMma;
     return Backend::kDecode;

@@ -580,6 +580,52 @@ def test_gpu_varlen_equals_dense_on_equal_lengths(rng, backend, causal):
     assert torch.equal(lse.reshape(h, b, lq).transpose(0, 1), dense_lse)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", TC_BACKENDS)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_nan_in_other_rows_stays_there(rng, backend, head_dim, causal):
+    # A key tile past a sequence's end holds other rows of the tensor: the next sequence's keys
+    # (varlen) or a cache's unfilled slots (seqused_k). NaN there must reach no output that does
+    # not read it: sequences 0 and 2 end inside a tile whose other rows are NaN.
+    import torch
+
+    _require_backend(backend)
+    heads, heads_kv = 8, 2
+    lk = np.array([70, 200, 33, 300])
+    used = np.array([70, 150, 33, 129], np.int32)
+    lq = np.array([70, 64, 40, 300])
+    cu_q, cu_k = cu_seqlens(lq), cu_seqlens(lk)
+    q = torch.randn(int(cu_q[-1]), heads, head_dim, device="cuda", dtype=torch.float16)
+    k = torch.randn(int(cu_k[-1]), heads_kv, head_dim, device="cuda", dtype=torch.float16)
+    v = torch.randn(int(cu_k[-1]), heads_kv, head_dim, device="cuda", dtype=torch.float16)
+    for seqused in (None, used):
+        kk, vv = k.clone(), v.clone()
+        if seqused is None:  # sequences 1 and 3: NaN keys and values (their own outputs are NaN)
+            for b in (1, 3):
+                kk[int(cu_k[b]):int(cu_k[b + 1])] = float("nan")
+                vv[int(cu_k[b]):int(cu_k[b + 1])] = float("nan")
+            clean = (0, 2)
+        else:  # every sequence: NaN past its fill
+            for b in range(len(lk)):
+                kk[int(cu_k[b]) + int(used[b]):int(cu_k[b + 1])] = float("nan")
+                vv[int(cu_k[b]) + int(used[b]):int(cu_k[b + 1])] = float("nan")
+            clean = range(len(lk))
+        out = torch.full_like(q, float("nan"))
+        waveboost.attention_varlen(
+            q, kk, vv, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(), max_seqlen_q=int(lq.max()),
+            max_seqlen_k=int(lk.max()), causal=causal, out=out, backend=backend,
+            seqused_k=None if seqused is None else torch.from_numpy(seqused).cuda())
+        torch.cuda.synchronize()
+        for b in clean:
+            q0, q1 = int(cu_q[b]), int(cu_q[b + 1])
+            sub_q = q[q0:q1]
+            k0 = int(cu_k[b])
+            k1 = k0 + (int(seqused[b]) if seqused is not None else int(lk[b]))
+            _assert_half_rule(out[q0:q1], (sub_q, kk[k0:k1], vv[k0:k1]), np.array([0, q1 - q0]),
+                              np.array([0, k1 - k0]), causal)
+
+
 def _resolved_sequences(q, k, v, cu_q, cu_k, max_q, max_k, block_table=None, seqused_k=None):
     """The backend attention_varlen's "auto" picks for these tensors (checked, not launched)."""
     from waveboost import _waveboost
@@ -610,9 +656,9 @@ def test_gpu_auto_picks_tensor_cores_for_prefill_and_decode_for_few_queries(dtyp
     cu = torch.from_numpy(cu_seqlens(lengths)).cuda()
     q = torch.randn(int(lengths.sum()), heads, head_dim, device="cuda", dtype=tdtype)
     k = torch.randn(int(lengths.sum()), heads_kv, head_dim, device="cuda", dtype=tdtype)
-    # wgmma at head dim 128 and on paged caches, mma for packed K/V at head dim 64 (the measured rule).
+    # wgmma (its TMA kernel takes packed K/V of a known extent, which attention_varlen gives), else mma.
     wgmma = "wgmma" if "wgmma" in flash else "mma"
-    assert _resolved_sequences(q, k, k, cu, cu, 2048, 2048) == (wgmma if head_dim == 128 else "mma")
+    assert _resolved_sequences(q, k, k, cu, cu, 2048, 2048) == wgmma
     # One new query per sequence against the same keys: decode.
     q1 = torch.randn(batch, heads, head_dim, device="cuda", dtype=tdtype)
     cu1 = torch.arange(batch + 1, dtype=torch.int32, device="cuda")

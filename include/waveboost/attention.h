@@ -88,6 +88,9 @@ struct AttentionParams {
   // k/v (total_k, heads_kv, head_dim) with seqlen_k an upper bound.
   const int32_t* cu_seqlens_q = nullptr;  // (batch + 1), non-decreasing, [0] == 0
   const int32_t* cu_seqlens_k = nullptr;  // (batch + 1)
+  // With cu_seqlens_k: the packed rows of k/v (their first extent), which the Hopper TMA kernel
+  // needs to describe them; 0 (unknown) makes that path decline, never a wrong read.
+  int64_t total_k = 0;
   // Keys sequence b actually uses (a KV cache's fill), at most its capacity; nullptr: all of them.
   const int32_t* seqused_k = nullptr;  // (batch)
   // Paged K/V: k and v are (num_pages, page_size, heads_kv, head_dim), k_batch_stride and

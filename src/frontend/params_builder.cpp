@@ -459,6 +459,7 @@ AttentionParams sequence_params(const TensorArg& q, const TensorArg& k, const Te
     p.v_batch_stride = v.strides[0], p.v_row_stride = v.strides[1], p.v_head_stride = v.strides[2];
   } else if (varlen_k) {
     p.seqlen_k = packed_bound(*cu_seqlens_k, "cu_seqlens_k", batch, max_seqlen_k, "max_seqlen_k", q, &p.cu_seqlens_k);
+    p.total_k = k.shape[0];
     p.k_row_stride = k.strides[0], p.k_head_stride = k.strides[1];
     p.v_row_stride = v.strides[0], p.v_head_stride = v.strides[1];
   } else {

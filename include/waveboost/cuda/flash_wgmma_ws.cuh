@@ -19,12 +19,18 @@
 //
 // TMA writes each 64-column panel of a tile as one box of kBlockN rows x 128 B in the 128 B
 // swizzle, which is the layout wgmma reads through descriptor_128b: the consumer code's
-// descriptors are the wgmma kernel's. Rows past the sequence's end are outside the tensor map
-// and arrive as zeros (the last tile needs no guarded copy). Q is copied by the consumers
-// with cp.async, once per block, as in the wgmma kernel.
+// descriptors are the wgmma kernel's. In a dense batch rows past the sequence's end are outside
+// the tensor map and arrive as zeros (the last tile needs no guarded copy). Q is copied by the
+// consumers with cp.async, once per block, as in the wgmma kernel.
 //
-// Runs dense batches whose K and V strides suit TMA (16 B multiples) with one piece of keys
-// per block; the wgmma kernel keeps split-KV and everything else.
+// kSequences: varlen (cu_seqlens_k: the maps span the packed rows, p.total_k, and a tile starts
+// at the sequence's first key) and seqused_k, through core/sequence.cuh as the wgmma kernel. A
+// tile past the sequence's end then holds other rows of the tensor (the next sequence's keys, a
+// cache's unfilled slots): their scores are masked, and the consumers zero those V rows before
+// the product reads them, so that nothing in them (NaN, Inf) reaches the output.
+//
+// Runs batches whose K and V strides suit TMA (16 B multiples) with one piece of keys per block,
+// dense or with contiguous sequence layouts; the wgmma kernel keeps split-KV and paged K/V.
 #pragma once
 
 #include <cstdint>
@@ -66,7 +72,8 @@ struct Ring {
 };
 
 // Producer: loads the tile of visit i (key tile tile_end - 1 - i) into buffer i % kStages
-// once the consumers have released that buffer's previous tile.
+// once the consumers have released that buffer's previous tile. The map's rows are the
+// sequence's keys from its packed start (k_start: 0 unless varlen) of batch k_batch.
 template <typename Traits>
 __device__ __forceinline__ void produce_tile(const CUtensorMap* map, uint32_t tiles, uint32_t full, uint32_t empty,
                                              int i, int tile_end, const FlashBlock& blk) {
@@ -74,16 +81,34 @@ __device__ __forceinline__ void produce_tile(const CUtensorMap* map, uint32_t ti
   const uint32_t phase = (i / Traits::kStages) & 1;
   tma::wait(empty + 8 * stage, phase ^ 1);
   tma::arrive_expect_tx(full + 8 * stage, Traits::kKVTileBytes);
-  const int n0 = (tile_end - 1 - i) * Traits::kBlockN;
+  const int row = static_cast<int>(blk.k_start) + (tile_end - 1 - i) * Traits::kBlockN;
   const uint32_t dst = tiles + stage * Traits::kKVTileBytes;
 #pragma unroll
   for (int panel = 0; panel < Traits::kPanels; ++panel) {
     tma::load_4d(dst + panel * Traits::kBlockN * Traits::kRowBytes, map, full + 8 * stage, panel * Traits::kPanelCols,
-                 n0, static_cast<int>(blk.h_kv), static_cast<int>(blk.b));
+                 row, static_cast<int>(blk.h_kv), static_cast<int>(blk.k_batch));
   }
 }
 
-template <typename Traits, typename Mask>
+// Zeros rows [first_row, kBlockN) of a V tile (every 64-column panel; a row is 128 B of a panel
+// whatever the swizzle), the consumers' threads sharing the 16 B pieces; then hands the writes to
+// the async proxy and meets the other consumers, so that no product reads the tile before.
+template <typename Traits>
+__device__ __forceinline__ void zero_rows_past(uint32_t tile, int first_row) {
+  constexpr int kChunksPerRow = Traits::kRowBytes / 16;
+  const int chunks = (Traits::kBlockN - first_row) * kChunksPerRow * Traits::kPanels;
+  for (int c = static_cast<int>(threadIdx.x); c < chunks; c += Traits::kConsumerThreads) {
+    const int panel = c / ((Traits::kBlockN - first_row) * kChunksPerRow);
+    const int rest = c % ((Traits::kBlockN - first_row) * kChunksPerRow);
+    const uint32_t at = tile + panel * Traits::kBlockN * Traits::kRowBytes +
+                        (first_row + rest / kChunksPerRow) * Traits::kRowBytes + (rest % kChunksPerRow) * 16;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0) : "memory");
+  }
+  wgmma::fence_proxy_async();
+  tma::named_barrier_sync(2, Traits::kConsumerThreads);
+}
+
+template <typename Traits, typename Mask, bool kSequences>
 __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUtensorMap* k_map,
                                              const CUtensorMap* v_map) {
   using Element = typename Traits::Element;
@@ -115,7 +140,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
   __syncthreads();  // the last barrier of the whole block: the roles part here
 
   FlashBlock blk;
-  if (!locate_flash_block<Mask>(p, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
+  if (!locate_flash_block<Mask, kSequences>(p, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
   const int tile_end = blk.n_tiles;
   const int n_visits = tile_end;
 
@@ -170,6 +195,11 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
 
     uint32_t p_prev[Traits::kKeySlices][4];  // P(i-1), the A operand of the product in flight in tile i
 
+    // Keys of the first visited tile (the last key tile) inside the sequence: with kSequences
+    // the rest of its V rows are zeroed once landed (zero_rows_past), before P(0) V(0) reads them.
+    const int first_tile_keys = static_cast<int>(min(blk.seqlen_k - int64_t{tile_end - 1} * kBlockN, int64_t{kBlockN}));
+    const bool zero_first_values = kSequences && first_tile_keys < kBlockN;
+
     const auto attend_key_tile = [&](const int i, auto masked, auto first) {
       constexpr bool kMasked = decltype(masked)::value;
       constexpr bool kFirst = decltype(first)::value;
@@ -178,7 +208,10 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
       const int prev_stage = (i + kStages - 1) % kStages;
 
       tma::wait(ring.full_k(stage), (i / kStages) & 1);
-      if constexpr (!kFirst) tma::wait(ring.full_v(prev_stage), ((i - 1) / kStages) & 1);
+      if constexpr (!kFirst) {
+        tma::wait(ring.full_v(prev_stage), ((i - 1) / kStages) & 1);
+        if (zero_first_values && i == 1) zero_rows_past<Traits>(ring.v_tile, first_tile_keys);
+      }
 
       flash_wgmma::attend_tile<Traits, kMasked, kFirst>(
           o, p_prev, softmax, mask, q_desc, wgmma::advance(k_desc, stage * Traits::kKVTileBytes),
@@ -200,11 +233,13 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
     // The last product, P(n-1) V(n-1).
     const int last_stage = (n_visits - 1) % kStages;
     tma::wait(ring.full_v(last_stage), ((n_visits - 1) / kStages) & 1);
+    if (zero_first_values && n_visits == 1) zero_rows_past<Traits>(ring.v_tile, first_tile_keys);
     flash_wgmma::attend_last_values<Traits>(o, p_prev, wgmma::advance(v_desc, last_stage * Traits::kKVTileBytes));
   }
 
   float inv_sum[Softmax::kRows];
   softmax.finalize(inv_sum);
+  if constexpr (kSequences) blk.reload_query_rows(p);
   flash_wgmma::write_block_output<Traits>(p, blk, o, inv_sum, softmax, q_smem, warp_row, warp_m0, lane);
 }
 
@@ -214,26 +249,34 @@ template <typename Element, int kHeadDim>
 using FlashWgmmaWsDefaultTraits = FlashWgmmaWsTraits<Element, kHeadDim, 2>;
 
 /// \brief Warp-specialized flash attention forward; grid as the wgmma kernel's (query blocks,
-/// batch * heads folded over y and z), three warpgroups per block.
-template <typename Element, int kHeadDim, bool kCausal>
+/// batch * heads folded over y and z), three warpgroups per block. kSequences: p may carry
+/// cu_seqlens_q / cu_seqlens_k / seqused_k (not a paged K/V).
+template <typename Element, int kHeadDim, bool kCausal, bool kSequences>
 __global__ void __launch_bounds__(FlashWgmmaWsDefaultTraits<Element, kHeadDim>::kBlockThreads, 1)
     flash_wgmma_ws_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map) {
-  flash_wgmma_ws::attend_block<FlashWgmmaWsDefaultTraits<Element, kHeadDim>, CausalMask<kCausal>>(p, &k_map, &v_map);
+  flash_wgmma_ws::attend_block<FlashWgmmaWsDefaultTraits<Element, kHeadDim>, CausalMask<kCausal>, kSequences>(
+      p, &k_map, &v_map);
 }
 
-/// \brief The tensor maps of K and V (p.dtype), boxes of 64 columns x box_rows keys; false where
-/// TMA cannot describe either.
+/// \brief The tensor maps of K and V (p.dtype), boxes of 64 columns x box_rows keys: (head_dim,
+/// seqlen_k, heads_kv, batch), or with cu_seqlens_k the packed (head_dim, total_k, heads_kv, 1);
+/// false where TMA cannot describe either.
 inline bool encode_kv_tensor_maps(const AttentionParams& p, int box_rows, CUtensorMap* k_map, CUtensorMap* v_map) {
-  return tma::encode_rows_map(k_map, p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
+  const bool packed = p.is_varlen_k();
+  const int64_t rows = packed ? p.total_k : p.seqlen_k;
+  const int64_t batch = packed ? 1 : p.batch;
+  return tma::encode_rows_map(k_map, p.k, p.dtype, p.head_dim, rows, p.heads_kv, batch, p.k_row_stride,
                               p.k_head_stride, p.k_batch_stride, box_rows) &&
-         tma::encode_rows_map(v_map, p.v, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
+         tma::encode_rows_map(v_map, p.v, p.dtype, p.head_dim, rows, p.heads_kv, batch, p.v_row_stride,
                               p.v_head_stride, p.v_batch_stride, box_rows);
 }
 
-/// \brief Whether the warp-specialized kernel takes a call's layout: a dense batch with keys.
+/// \brief Whether the warp-specialized kernel takes a call's layout: keys, contiguous K/V (dense,
+/// varlen with its packed extent p.total_k known, seqused_k), key indices in int.
 inline bool wgmma_ws_takes_layout(const AttentionParams& p) {
-  return p.seqlen_k > 0 && p.seqlen_k < (int64_t{1} << 31) && p.is_dense();
+  const int64_t rows = p.is_varlen_k() ? p.total_k : p.seqlen_k;
+  return p.seqlen_k > 0 && rows > 0 && rows < (int64_t{1} << 31) && !p.is_paged();
 }
 
 /// \brief Builds the tensor maps of K and V and launches the warp-specialized kernel on
@@ -243,7 +286,8 @@ template <typename Element, int kHeadDim>
 Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashWgmmaWsDefaultTraits<Element, kHeadDim>;
   if (!wgmma_ws_takes_layout(p)) {
-    return Status::NotSupported("the warp-specialized wgmma kernel runs dense batches with keys");
+    return Status::NotSupported(
+        "the warp-specialized wgmma kernel runs contiguous K/V with keys (with cu_seqlens_k: total_k set)");
   }
   CUtensorMap k_map, v_map;
   if (!encode_kv_tensor_maps(p, Traits::kBlockN, &k_map, &v_map)) {
@@ -251,8 +295,11 @@ Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
   }
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
   const FoldedGrid g = folded_grid(p, Traits::kBlockM);
-  const auto kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, true>
-                                  : flash_wgmma_ws_kernel<Element, kHeadDim, false>;
+  const bool sequences = !p.is_dense();
+  const auto kernel = p.is_causal ? (sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, true, true>
+                                               : flash_wgmma_ws_kernel<Element, kHeadDim, true, false>)
+                                  : (sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, false, true>
+                                               : flash_wgmma_ws_kernel<Element, kHeadDim, false, false>);
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
   kernel<<<grid, Traits::kBlockThreads, Traits::kSmemBytes, stream>>>(p, k_map, v_map);
