@@ -19,6 +19,7 @@ It checks no numerics beyond that: tests/ does. Exit status 0 and a last line "r
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -140,6 +141,14 @@ def run_backward(case, g):
     out, lse = waveboost.attention(q, k, v, causal=causal, return_lse=True, backend="naive")
     dlse = torch.randn(b, h, lq, generator=g, device="cuda") if with_dlse else None
     dq, dk, dv = (torch.empty(x.shape, device="cuda", dtype=dtype) for x in (q, k, v))
+    if deterministic and path == "wgmma" and os.environ.get("WAVEBOOST_WGMMA_BACKWARD") == "cp.async":
+        # The documented refusal: the cp.async kernel adds dQ with atomics. Nothing is launched.
+        try:
+            waveboost.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True, backend=path)
+        except ValueError as e:
+            assert "deterministic" in str(e), e
+            return 0
+        raise AssertionError("wgmma's cp.async backward accepted deterministic=True")
     waveboost.attention_backward(dout, q, k, v, out, lse, causal=causal, dlse=dlse, dq=dq, dk=dk, dv=dv,
                                  deterministic=deterministic, backend=path)
     torch.cuda.synchronize()

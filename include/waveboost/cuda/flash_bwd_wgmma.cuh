@@ -784,7 +784,8 @@ constexpr int flash_bwd_wgmma_smem_bytes() {
 namespace flash_bwd_wgmma_launch {
 
 // The producer's tensor maps (Q, dO, K, V) and the limits of the writer's 32-bit step counters;
-// NotSupported where TMA cannot describe an input or the counters would overflow.
+// NotSupported where TMA cannot describe an input or the counters would overflow. Without `maps`
+// the same checks without encoding (no driver call: can_implement runs without a context).
 template <typename Element, int kHeadDim>
 Status encode_input_maps(const AttentionBackwardParams& p, flash_bwd_wgmma_ws::BackwardMaps* maps) {
   using Traits = FlashBwdWgmmaWsTraits<Element, kHeadDim>;
@@ -795,14 +796,22 @@ Status encode_input_maps(const AttentionBackwardParams& p, flash_bwd_wgmma_ws::B
       p.batch * p.heads * m_pad >= (int64_t{1} << 31)) {
     return Status::NotSupported("more than 2^31 steps per key block or dQ accumulator rows");
   }
-  if (!tma::encode_rows_map(&maps->q, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
-                            p.q_head_stride, p.q_batch_stride, Traits::kBlockM) ||
-      !tma::encode_rows_map(&maps->dout, p.dout, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.do_row_stride,
-                            p.do_head_stride, p.do_batch_stride, Traits::kBlockM) ||
-      !tma::encode_rows_map(&maps->k, p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
-                            p.k_head_stride, p.k_batch_stride, Traits::kBlockN) ||
-      !tma::encode_rows_map(&maps->v, p.v, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
-                            p.v_head_stride, p.v_batch_stride, Traits::kBlockN)) {
+  const auto describe = [&](CUtensorMap* map, const void* base, int64_t rows, int64_t heads, int64_t row_stride,
+                            int64_t head_stride, int64_t batch_stride, int box_rows) {
+    return maps != nullptr ? tma::encode_rows_map(map, base, p.dtype, p.head_dim, rows, heads, p.batch, row_stride,
+                                                  head_stride, batch_stride, box_rows)
+                           : tma::rows_map_fits(base, p.dtype, p.head_dim, rows, heads, p.batch, row_stride,
+                                                head_stride, batch_stride);
+  };
+  flash_bwd_wgmma_ws::BackwardMaps unused;
+  flash_bwd_wgmma_ws::BackwardMaps& m = maps != nullptr ? *maps : unused;
+  if (!describe(&m.q, p.q, p.seqlen_q, p.heads, p.q_row_stride, p.q_head_stride, p.q_batch_stride, Traits::kBlockM) ||
+      !describe(&m.dout, p.dout, p.seqlen_q, p.heads, p.do_row_stride, p.do_head_stride, p.do_batch_stride,
+                Traits::kBlockM) ||
+      !describe(&m.k, p.k, p.seqlen_k, p.heads_kv, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
+                Traits::kBlockN) ||
+      !describe(&m.v, p.v, p.seqlen_k, p.heads_kv, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+                Traits::kBlockN)) {
     return Status::NotSupported("TMA cannot describe q, dout, k or v (strides and base must be 16 B multiples)");
   }
   return Status::Ok();

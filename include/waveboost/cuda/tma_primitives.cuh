@@ -37,6 +37,11 @@ EncodeTiled encode_tiled();
 bool encode_rows_map(CUtensorMap* map, const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads,
                      int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows);
 
+// Whether encode_rows_map can describe such a tensor: its checks, without asking the driver (which
+// needs a current context), for can_implement.
+bool rows_map_fits(const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads, int64_t batch,
+                   int64_t row_stride, int64_t head_stride, int64_t batch_stride);
+
 // ---- Device ----
 
 __device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t arrivals) {

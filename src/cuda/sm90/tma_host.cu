@@ -26,16 +26,16 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-bool encode_rows_map(CUtensorMap* map, const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads,
-                     int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows) {
+namespace {
+// The byte strides of a rows map's dimensions above the first, an extent-1 dimension's replaced by
+// the span below it (never used); false where TMA cannot describe the tensor.
+bool rows_map_strides(const void* base, DType dtype, int64_t head_dim, const int64_t (&extents)[4],
+                      const int64_t (&element_strides)[3], int64_t (&strides)[3]) {
   if (dtype != DType::kFloat16 && dtype != DType::kBFloat16) return false;
-  const EncodeTiled encode = encode_tiled();
-  if (encode == nullptr) return false;
   const int64_t bytes = dtype_size(dtype);
-  const int64_t extents[4] = {head_dim, rows, heads, batch};
-  int64_t strides[3] = {row_stride * bytes, head_stride * bytes, batch_stride * bytes};
   int64_t span = head_dim * bytes;
   for (int i = 0; i < 3; ++i) {
+    strides[i] = element_strides[i] * bytes;
     if (extents[i + 1] == 1) strides[i] = (span + 15) / 16 * 16;
     if (strides[i] <= 0 || strides[i] % 16 != 0 || strides[i] >= (int64_t{1} << 40)) return false;
     span = strides[i] * extents[i + 1];
@@ -43,7 +43,26 @@ bool encode_rows_map(CUtensorMap* map, const void* base, DType dtype, int64_t he
   for (int64_t e : extents) {
     if (e <= 0 || e >= (int64_t{1} << 31)) return false;
   }
-  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0;
+}
+}  // namespace
+
+bool rows_map_fits(const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads, int64_t batch,
+                   int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
+  int64_t strides[3];
+  return rows_map_strides(base, dtype, head_dim, {head_dim, rows, heads, batch}, {row_stride, head_stride, batch_stride},
+                          strides);
+}
+
+bool encode_rows_map(CUtensorMap* map, const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads,
+                     int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows) {
+  int64_t strides[3];
+  if (!rows_map_strides(base, dtype, head_dim, {head_dim, rows, heads, batch}, {row_stride, head_stride, batch_stride},
+                        strides)) {
+    return false;
+  }
+  const EncodeTiled encode = encode_tiled();
+  if (encode == nullptr) return false;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
   const cuuint64_t global_strides[3] = {static_cast<cuuint64_t>(strides[0]), static_cast<cuuint64_t>(strides[1]),
