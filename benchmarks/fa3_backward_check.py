@@ -1,5 +1,10 @@
-"""FA3 wheel (flash_attn3_jax) backward, non-causal and causal, against a float32 reference; and the bench's
-vjp-in-jit pattern against plain jax.grad."""
+"""FlashAttention-3's JAX wheel (flash_attn3_jax): its backward, non-causal and causal, against a float32
+reference, through the bench's pattern (jax.vjp's function applied under jax.jit) and through plain jax.grad.
+
+    PYTHONPATH=<wheel site> python benchmarks/fa3_backward_check.py
+
+Prints one line per (shape, causal): the forward's and each gradient's relative (Frobenius) error.
+"""
 import jax, jax.numpy as jnp, numpy as np
 import flash_attn3_jax as fa3
 
