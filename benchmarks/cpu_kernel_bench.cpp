@@ -13,7 +13,8 @@
 //   /tmp/cpu_kernel_bench [L=2048] [D=128] [reps=9] [H=8] [pack=0]
 // pack=1 copies head 0's K and V rows into contiguous arrays first (V rows one cache line longer,
 // as the kernel's V tile), inside the timing, as the AVX2 path's pack_kv (cpu_attention.cpp)
-// does per (batch, kv head) before a dense run.
+// does per (batch, kv head) before a dense run for fp64; pack=2 packs K as K^T panels instead and
+// runs the rows kernel (flash_rows_avx2.h), as pack_kv and the AVX2 fp32 path do.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
@@ -28,6 +29,7 @@
 
 #include "flash_kernel.h"
 #include "flash_kernel_avx2.h"
+#include "flash_rows_avx2.h"
 
 using namespace waveboost;
 using namespace waveboost::cpu;
@@ -66,12 +68,18 @@ __attribute__((target("avx2,fma"), noinline)) static void run_block(const Attent
   attention_query_block<Config>(p, b, scratch);
 }
 
+__attribute__((target("avx2,fma"), noinline)) static void run_block_rows(const AttentionParams& p,
+                                                                        const KeyPanels& keys, const QueryBlock& b) {
+  thread_local RowScratch scratch;
+  attention_query_block_rows(p, keys, b, scratch);
+}
+
 int main(int argc, char** argv) {
   const int L = argc > 1 ? std::atoi(argv[1]) : 2048;
   const int D = argc > 2 ? std::atoi(argv[2]) : 128;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 9;
   const int H = argc > 4 ? std::atoi(argv[4]) : 8;
-  const bool pack = argc > 5 && std::atoi(argv[5]) != 0;
+  const int pack = argc > 5 ? std::atoi(argv[5]) : 0;
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
     std::printf("this CPU lacks AVX2/FMA\n");
@@ -79,7 +87,7 @@ int main(int argc, char** argv) {
   }
   std::vector<float> q(static_cast<size_t>(L) * H * D), k(q.size()), v(q.size()), o(q.size());
   const int64_t ldv = round_up(D, Config::kLanes) + TileSteps<Config>::kScratchPad;
-  std::vector<float> k_packed(static_cast<size_t>(L) * D), v_packed(static_cast<size_t>(L) * ldv);
+  std::vector<float> k_packed(static_cast<size_t>(round_up(L, kPanelKeys)) * D), v_packed(static_cast<size_t>(L) * ldv);
   std::mt19937 gen(1);
   std::normal_distribution<float> normal;
   for (auto* x : {&q, &k, &v})
@@ -105,18 +113,26 @@ int main(int argc, char** argv) {
       const double peak_before = fma_peak();
       const double t0 = thread_seconds();
       AttentionParams run = p;
+      KeyPanels panels;
       if (pack) {
         for (int j = 0; j < L; ++j) {
-          std::copy(&k[size_t(j) * H * D], &k[size_t(j) * H * D] + D, &k_packed[size_t(j) * D]);
+          if (pack == 1) std::copy(&k[size_t(j) * H * D], &k[size_t(j) * H * D] + D, &k_packed[size_t(j) * D]);
           std::copy(&v[size_t(j) * H * D], &v[size_t(j) * H * D] + D, &v_packed[size_t(j) * ldv]);
         }
+        if (pack == 2) pack_key_panels(k.data(), int64_t(H) * D, L, D, k_packed.data());
+        panels.data = k_packed.data();
         run.k = k_packed.data();
         run.v = v_packed.data();
         run.k_row_stride = D;
         run.v_row_stride = ldv;
       }
-      for (int64_t row = 0; row < L; row += Config::kBlockM)
-        run_block(run, QueryBlock{0, 0, row, std::min<int64_t>(Config::kBlockM, L - row)});
+      for (int64_t row = 0; row < L; row += Config::kBlockM) {
+        const QueryBlock block{0, 0, row, std::min<int64_t>(Config::kBlockM, L - row)};
+        if (pack == 2)
+          run_block_rows(run, panels, block);
+        else
+          run_block(run, block);
+      }
       const double t = thread_seconds() - t0;
       seconds.push_back(t);
       eff.push_back(flops / t / ((peak_before + fma_peak()) / 2));

@@ -113,9 +113,10 @@ def test_strided_views(rng):
 
 @pytest.mark.parametrize("d", [64, 36])
 def test_strided_views_long_queries(rng, d):
-    # Enough query rows that the AVX2 path copies K and V into contiguous rows first (its V rows laid
-    # out as the kernel's V tile at D = 64, copied per tile at D = 36); keys read through a view that
-    # skips every other row, and a BHSD-stored query.
+    # Enough query rows that the AVX2 path packs K and V first: at D = 64 K as K^T panels for the
+    # fp32 rows kernel (V rows laid out as its V tile), at D = 36 K and V rows for the transposed
+    # kernel (V copied per tile); keys read through a view that skips every other row, and a
+    # BHSD-stored query.
     b, h, hkv, lq, lk = 2, 4, 2, 300, 140
     qs = rng.standard_normal((b, h, lq, d)).astype(np.float32)
     ks = rng.standard_normal((b, 2 * lk, hkv, d)).astype(np.float32)
@@ -141,6 +142,24 @@ def test_deterministic(rng):
     first = waveboost.attention(q, k, v, causal=True)
     for _ in range(3):
         np.testing.assert_array_equal(waveboost.attention(q, k, v, causal=True), first)
+
+
+def test_scores_beyond_2_to_22_on_the_packed_path(rng):
+    # Long queries take the AVX2 fp32 rows kernel, whose exponentials fold a row's integer reference
+    # (its running max rounded up) into a rounding constant, exact only below 2^22; larger scores
+    # (base 2) subtract it instead. Query i is a scaled copy of a key j <= i (visible when causal),
+    # which then dominates by ~1e7, so the result is well conditioned: that key's value row and
+    # LSE = its score.
+    b, lq, lk, h, d = 1, 300, 300, 2, 64
+    q, k, v = random_qkv(rng, b, lq, lk, h, h, d)
+    q = 1e6 * k[:, [rng.integers(0, i + 1) for i in range(lq)]]
+    for causal in (False, True):
+        out = np.full_like(q, np.nan)
+        _, lse = waveboost.attention(q, k, v, causal=causal, out=out, return_lse=True, backend="cpu")
+        ref, ref_lse = attention_ref(q, k, v, causal=causal)
+        assert np.abs(ref_lse).max() * math.log2(math.e) > 2**22
+        assert np.all(np.isfinite(out)) and rel_err(out, ref) < 1e-5
+        np.testing.assert_allclose(lse, ref_lse, rtol=1e-6)
 
 
 def test_large_scores_do_not_overflow(rng):

@@ -24,6 +24,7 @@
 
 #include "flash_kernel.h"
 #include "flash_kernel_avx2.h"
+#include "flash_rows_avx2.h"
 #include "thread_pool.h"
 
 namespace waveboost::cpu {
@@ -47,6 +48,12 @@ void query_block_baseline(const AttentionParams& params, const QueryBlock& block
 template <class C>
 __attribute__((target("avx2,fma"))) void query_block_avx2(const AttentionParams& params, const QueryBlock& block) {
   attention_query_block<C>(params, block, thread_scratch<typename C::Element>());
+}
+// The fp32 rows kernel on K^T panels (flash_rows_avx2.h), after pack_kv.
+__attribute__((target("avx2,fma"))) void query_block_avx2_rows(const AttentionParams& params, const KeyPanels& keys,
+                                                             const QueryBlock& block) {
+  thread_local RowScratch scratch;
+  attention_query_block_rows(params, keys, block, scratch);
 }
 template <class C>
 __attribute__((target("avx512f,avx2,fma"))) void query_block_avx512(const AttentionParams& params,
@@ -201,8 +208,10 @@ Status sequence_forward(const AttentionParams& params, QueryBlockKernel kernel) 
 // core the same kernel ran 8% faster on contiguous rows (benchmarks/NOTES.md). The copy is one
 // read and write of K and V; each row is read ceil(seqlen_q / kBlockM) times per query head.
 // V rows are laid out as the kernel's V tile (row stride head_dim + one cache line), which it then
-// reads in place instead of copying per tile (Avx2TileSteps::v_tile).
-// Values and the kernel's arithmetic are unchanged: results are bitwise the same.
+// reads in place instead of copying per tile (Avx2TileSteps::v_tile). fp32 with head_dim % 8 == 0
+// packs K transposed, in panels of kPanelKeys keys, for the rows kernel (flash_rows_avx2.h); fp64
+// and other head dims pack K rows for attention_query_block, whose results are then bitwise the
+// same as on the unpacked tensors.
 #ifdef WAVEBOOST_CPU_X86
 template <typename T>
 int64_t avx2_v_tile_stride(int64_t head_dim) {
@@ -216,17 +225,20 @@ constexpr int64_t kPackMaxBytes = int64_t(256) << 20;  // K and V together; larg
 struct PackedKv {
   std::unique_ptr<char[]> storage;
   AttentionParams params;
+  KeyPanels panels;  // data set: K is packed as K^T panels, for the rows kernel
 };
 
 bool pack_kv(const AttentionParams& p, PackedKv* packed) {
   const int64_t elem = p.dtype == DType::kFloat64 ? 8 : 4;
   const int64_t row_bytes = p.head_dim * elem;
+  const bool key_panels = p.dtype == DType::kFloat32 && p.head_dim % 8 == 0;
   if (p.seqlen_q < kPackMinSeqlenQ || p.seqlen_k == 0) return false;
-  if (p.k_row_stride == p.head_dim && p.v_row_stride == p.head_dim) return false;  // rows already contiguous
+  if (!key_panels && p.k_row_stride == p.head_dim && p.v_row_stride == p.head_dim)
+    return false;  // rows already contiguous
   const int64_t v_row_elems =
       p.dtype == DType::kFloat64 ? avx2_v_tile_stride<double>(p.head_dim) : avx2_v_tile_stride<float>(p.head_dim);
   const int64_t heads = p.batch * p.heads_kv;
-  const int64_t k_head_bytes = p.seqlen_k * row_bytes;
+  const int64_t k_head_bytes = (key_panels ? round_up(p.seqlen_k, kPanelKeys) : p.seqlen_k) * row_bytes;
   const int64_t v_head_bytes = p.seqlen_k * v_row_elems * elem;
   if (k_head_bytes + v_head_bytes > kPackMaxBytes / heads) return false;
   packed->storage.reset(new (std::nothrow) char[heads * (k_head_bytes + v_head_bytes)]);
@@ -240,6 +252,11 @@ bool pack_kv(const AttentionParams& p, PackedKv* packed) {
     const int64_t src_offset = is_v ? b * p.v_batch_stride + h * p.v_head_stride
                                     : b * p.k_batch_stride + h * p.k_head_stride;
     const char* src = static_cast<const char*>(is_v ? p.v : p.k) + src_offset * elem;
+    if (!is_v && key_panels) {
+      pack_key_panels(reinterpret_cast<const float*>(src), p.k_row_stride, p.seqlen_k, p.head_dim,
+                      reinterpret_cast<float*>(k_out + bh * k_head_bytes));
+      return;
+    }
     const int64_t src_stride = (is_v ? p.v_row_stride : p.k_row_stride) * elem;
     const int64_t dst_stride = is_v ? v_row_elems * elem : row_bytes;
     char* dst = is_v ? v_out + bh * v_head_bytes : k_out + bh * k_head_bytes;
@@ -247,14 +264,20 @@ bool pack_kv(const AttentionParams& p, PackedKv* packed) {
   });
   AttentionParams& q = packed->params;
   q = p;
-  q.k = k_out;
   q.v = v_out;
-  q.k_row_stride = p.head_dim;
-  q.k_head_stride = p.seqlen_k * p.head_dim;
-  q.k_batch_stride = p.heads_kv * p.seqlen_k * p.head_dim;
   q.v_row_stride = v_row_elems;
   q.v_head_stride = p.seqlen_k * v_row_elems;
   q.v_batch_stride = p.heads_kv * p.seqlen_k * v_row_elems;
+  if (key_panels) {
+    packed->panels.data = reinterpret_cast<const float*>(k_out);
+    packed->panels.head_stride = k_head_bytes / elem;
+    packed->panels.batch_stride = p.heads_kv * packed->panels.head_stride;
+  } else {
+    q.k = k_out;
+    q.k_row_stride = p.head_dim;
+    q.k_head_stride = p.seqlen_k * p.head_dim;
+    q.k_batch_stride = p.heads_kv * p.seqlen_k * p.head_dim;
+  }
   return true;
 }
 #endif  // WAVEBOOST_CPU_X86
@@ -284,6 +307,7 @@ Status attention_forward(const AttentionParams& params) {
 #ifdef WAVEBOOST_CPU_X86
   static const Isa isa = detect_isa();
   const AttentionParams& run = isa == Isa::kAvx2 && pack_kv(params, &packed) ? packed.params : params;
+  const bool by_rows = packed.panels.data != nullptr;
 #else
   const AttentionParams& run = params;
 #endif
@@ -300,6 +324,12 @@ Status attention_forward(const AttentionParams& params) {
     block.row_begin = block_index * kBlockM;
     block.num_rows = std::min(kBlockM, params.seqlen_q - block.row_begin);
     try {
+#ifdef WAVEBOOST_CPU_X86
+      if (by_rows) {
+        query_block_avx2_rows(run, packed.panels, block);
+        return;
+      }
+#endif
       kernel(run, block);
     } catch (const std::exception&) {  // scratch allocation (std::bad_alloc)
       failed.store(true);

@@ -75,7 +75,8 @@ WAVEBOOST_CPU_AVX2_INLINE void scores_microtile_avx2(const typename C::Element* 
 }
 
 // pv_microtile: o[i][:] = alpha[i] * o[i][:] + sum_j p_t[j][i] * v[j][:] for kRows x kVecs registers.
-template <class C, int kRows, int kVecs>
+// kPByRows: the probabilities are p_t[i][j] instead, rows of ldp (flash_rows_avx2.h).
+template <class C, int kRows, int kVecs, bool kPByRows = false>
 WAVEBOOST_CPU_AVX2_INLINE void pv_microtile_avx2(const typename C::Element* p_t, int64_t ldp,
                                                  const typename C::Element* v, int64_t ldv, int64_t cols,
                                                  const typename C::Element* alpha, typename C::Element* o,
@@ -90,7 +91,7 @@ WAVEBOOST_CPU_AVX2_INLINE void pv_microtile_avx2(const typename C::Element* p_t,
     typename Y::V value[kVecs];
     for (int w = 0; w < kVecs; ++w) value[w] = Y::load(v + j * ldv + w * C::kLanes);
     for (int i = 0; i < kRows; ++i) {
-      const typename Y::V p_ji = Y::broadcast(p_t + j * ldp + i);
+      const typename Y::V p_ji = Y::broadcast(kPByRows ? p_t + i * ldp + j : p_t + j * ldp + i);
       for (int w = 0; w < kVecs; ++w) acc[i][w] = Y::fma(p_ji, value[w], acc[i][w]);
     }
   }
@@ -112,39 +113,41 @@ WAVEBOOST_CPU_AVX2_INLINE void scores_leftover_avx2(int64_t keys, const typename
 }
 
 // The last `rows` (< kTileRows) query rows of the output in one micro-tile of exactly that many rows.
-template <class C, int kVecs, int kRows = C::kTileRows - 1>
+template <class C, int kVecs, int kRows = C::kTileRows - 1, bool kPByRows = false>
 WAVEBOOST_CPU_AVX2_INLINE void pv_leftover_avx2(int64_t rows, const typename C::Element* p_t, int64_t ldp,
                                                 const typename C::Element* v, int64_t ldv, int64_t cols,
                                                 const typename C::Element* alpha, typename C::Element* o,
                                                 int64_t ldo) {
   if constexpr (kRows >= 1) {
     if (rows == kRows)
-      pv_microtile_avx2<C, kRows, kVecs>(p_t, ldp, v, ldv, cols, alpha, o, ldo);
+      pv_microtile_avx2<C, kRows, kVecs, kPByRows>(p_t, ldp, v, ldv, cols, alpha, o, ldo);
     else
-      pv_leftover_avx2<C, kVecs, kRows - 1>(rows, p_t, ldp, v, ldv, cols, alpha, o, ldo);
+      pv_leftover_avx2<C, kVecs, kRows - 1, kPByRows>(rows, p_t, ldp, v, ldv, cols, alpha, o, ldo);
   }
 }
 
-// 2^x of kCount registers at once, for x <= 0 or NaN: the softmax's s - m and m_old - m_new (s <= m
-// whenever s is a number). The generic exp2_simd clamps both ends with compare + blend and runs a
-// degree-7 Taylor polynomial one register at a time; its 7 dependent FMAs, with the FP scheduler
-// holding about two iterations, made the softmax latency-bound: 12 us per 64 x 128 tile on a
-// Zen 1 core, ~29 cycles per register. Here the steps of kCount independent registers are
-// interleaved, the lower clamp is one max (x = NaN passes: vmaxps returns its second operand), the
-// exponent bias rides in the rounding constant, and 2^f on [-1/2, 1/2] is a degree-6 polynomial
-// with 1 as its constant term (2^0 = 1 exactly: the row's largest score gives P = 1) and the other
-// coefficients minimax for relative error: 3.9e-9 in exact arithmetic, 1e-7 (under one float ulp)
-// evaluated in float (the Taylor degree 7 of exp2_simd: 5e-9). x <= -127 (and -inf) gives exactly
-// 0, as exp2_simd does.
+// 2^(x - r) of kCount registers at once, for an integer reference r (|r| < 2^22) and x <= r or
+// NaN: the softmax's scores against their row's maximum rounded up (s <= m whenever s is a
+// number), or, with r = 0, s - m and m_old - m_new. The generic exp2_simd clamps both ends with
+// compare + blend and runs a degree-7 Taylor polynomial one register at a time; its 7 dependent
+// FMAs, with the FP scheduler holding about two iterations, made the softmax latency-bound: 12 us
+// per 64 x 128 tile on a Zen 1 core, ~29 cycles per register. Here the steps of kCount independent
+// registers are interleaved, the lower clamp is one max (x = NaN passes: vmaxps returns its second
+// operand), r and the exponent bias ride in the rounding constant (so that s - m costs no
+// subtraction: 1 cycle of ~14 per register), and 2^f on [-1/2, 1/2] is a degree-6 polynomial with
+// 1 as its constant term (2^0 = 1 exactly) and the other coefficients minimax for relative error:
+// 3.9e-9 in exact arithmetic, 1e-7 (under one float ulp) evaluated in float (the Taylor degree 7
+// of exp2_simd: 5e-9). x <= r - 127 (and -inf) gives exactly 0, as exp2_simd does.
 template <int kCount>
-WAVEBOOST_CPU_AVX2_INLINE void exp2_nonpositive(__m256 (&x)[kCount]) {
+WAVEBOOST_CPU_AVX2_INLINE void exp2_below(__m256 (&x)[kCount], float reference) {
   constexpr float kPoly[] = {1.0f,           0.6931472254f,    0.24022651084f,   0.055502973142f,
                              0.0096180307825f, 0.0013410000966f, 0.00015469731977f};  // lowest degree first
   constexpr int kDegree = 6;
-  // Adding 1.5 * 2^23 rounds x to an integer n in the low mantissa bits; the extra 127 is the
-  // exponent bias, so that those bits shifted into the exponent field are 2^n (0 for n = -127).
-  const __m256 round_shift = _mm256_set1_ps(12582912.0f + 127.0f);
-  const __m256 lowest = _mm256_set1_ps(-127.0f);
+  // Adding 1.5 * 2^23 rounds x to an integer in the low mantissa bits; with 127 - r added as
+  // well (exact: an integer below 2^23), those bits hold n + 127 for n = round(x) - r, and
+  // shifted into the exponent field they are 2^n (0 for n = -127).
+  const __m256 round_shift = _mm256_set1_ps(12582912.0f + 127.0f - reference);
+  const __m256 lowest = _mm256_set1_ps(reference - 127.0f);
   __m256 shifted[kCount], f[kCount], poly[kCount];
   for (int k = 0; k < kCount; ++k) x[k] = _mm256_max_ps(lowest, x[k]);
   for (int k = 0; k < kCount; ++k) shifted[k] = _mm256_add_ps(x[k], round_shift);
@@ -154,6 +157,12 @@ WAVEBOOST_CPU_AVX2_INLINE void exp2_nonpositive(__m256 (&x)[kCount]) {
     for (int k = 0; k < kCount; ++k) poly[k] = _mm256_fmadd_ps(poly[k], f[k], _mm256_set1_ps(kPoly[d]));
   for (int k = 0; k < kCount; ++k)
     x[k] = _mm256_mul_ps(poly[k], _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(shifted[k]), 23)));
+}
+
+// 2^x for x <= 0 or NaN.
+template <int kCount>
+WAVEBOOST_CPU_AVX2_INLINE void exp2_nonpositive(__m256 (&x)[kCount]) {
+  exp2_below<kCount>(x, 0.0f);
 }
 
 // online_softmax_tile for fp32, with exp2_nonpositive on four keys at a time (their partial row
@@ -344,9 +353,6 @@ template <>
 struct TileSteps<Avx2Config<float>> : Avx2TileSteps<Avx2Config<float>> {};
 template <>
 struct TileSteps<Avx2Config<double>> : Avx2TileSteps<Avx2Config<double>> {};
-
-#undef WAVEBOOST_CPU_AVX2
-#undef WAVEBOOST_CPU_AVX2_INLINE
 #endif
 
 }  // namespace waveboost::cpu
