@@ -221,7 +221,10 @@ WAVEBOOST_CPU_AVX2_INLINE void online_softmax_tile_avx2(int64_t cols, int64_t ro
 // Requests for the next tile's K and V rows, handed out a few at a time
 // between micro-tiles. Issued all at once at the start of the tile (2048 lines
 // for 128 keys x 512 B of K and of V, far more than the L1's miss buffers),
-// they gained nothing measurable; spread out, they did (benchmarks/NOTES.md).
+// they gained nothing measurable; spread out, they did (benchmarks/NOTES.md). Each thread's queue
+// is a thread_local (Avx2TileSteps::queue); the tile steps work on a local copy and store it back,
+// since in the Python module (a shared library) GCC fetched the thread_local's address with a
+// __tls_get_addr call at every row of every issue (0.4% of the run's samples).
 struct PrefetchQueue {
   const char* k = nullptr;  // the current row of K and of V
   const char* v = nullptr;
@@ -291,7 +294,7 @@ struct Avx2TileSteps {
   // with keys outer), with prefetches between micro-tiles.
   static WAVEBOOST_CPU_AVX2 void scores(const T* k, int64_t k_row_stride, int64_t cols, const T* q_t,
                                         int64_t rows_padded, int64_t ld, int64_t head_dim, T* s) {
-    PrefetchQueue& q = queue();
+    PrefetchQueue q = queue();  // a local copy (see PrefetchQueue), stored back below
     constexpr int64_t kWide = C::kTileVecs * C::kLanes;
     for (int64_t i = 0; i < rows_padded;) {
       const bool wide = i + kWide <= rows_padded;
@@ -312,6 +315,7 @@ struct Avx2TileSteps {
       }
       i += wide ? kWide : C::kLanes;
     }
+    queue() = q;
   }
 
   static WAVEBOOST_CPU_AVX2 void softmax(int64_t cols, int64_t rows_padded, int64_t ld, const T* key_limit,
@@ -325,7 +329,7 @@ struct Avx2TileSteps {
   // O = diag(alpha) O + P V (accumulate_pv).
   static WAVEBOOST_CPU_AVX2 void pv(const T* p_t, int64_t ld, const T* v, int64_t ldv, int64_t cols, const T* alpha,
                                     int64_t rows_padded, int64_t dim_padded, T* o) {
-    PrefetchQueue& q = queue();
+    PrefetchQueue q = queue();  // a local copy (see PrefetchQueue), stored back below
     constexpr int64_t kWide = C::kTileVecs * C::kLanes;
     for (int64_t d = 0; d < dim_padded;) {
       const bool wide = d + kWide <= dim_padded;
@@ -346,6 +350,7 @@ struct Avx2TileSteps {
       }
       d += wide ? kWide : C::kLanes;
     }
+    queue() = q;
   }
 };
 

@@ -163,7 +163,7 @@ struct Avx2RowSteps {
   // stay in L1 across the tile's panels.
   static WAVEBOOST_CPU_AVX2 void scores(const float* q, int64_t ldq, int64_t rows, const float* panels,
                                         const int64_t* group_keys, int64_t head_dim, float* s, int64_t lds) {
-    PrefetchQueue& prefetch = Avx2TileSteps<C>::queue();
+    PrefetchQueue prefetch = Avx2TileSteps<C>::queue();  // a local copy, stored back below
     for (int64_t i = 0, g = 0; i < rows; i += C::kTileRows, ++g) {
       const int64_t group = std::min<int64_t>(C::kTileRows, rows - i);
       for (int64_t j = 0; j < group_keys[g]; j += kPanelKeys) {
@@ -175,6 +175,7 @@ struct Avx2RowSteps {
         prefetch.issue(kPrefetchPerMicroTile);
       }
     }
+    Avx2TileSteps<C>::queue() = prefetch;
   }
 
   // The online softmax of each row; visible(i) is how many of the tile's keys row i sees. The
@@ -192,7 +193,7 @@ struct Avx2RowSteps {
   // tile stays in L1 across the row groups. A group that sees no key of the tile keeps its O.
   static WAVEBOOST_CPU_AVX2 void pv(const float* p, int64_t ldp, int64_t rows, const int64_t* group_keys,
                                     const float* v, int64_t ldv, const float* alpha, int64_t head_dim, float* o) {
-    PrefetchQueue& prefetch = Avx2TileSteps<C>::queue();
+    PrefetchQueue prefetch = Avx2TileSteps<C>::queue();  // a local copy, stored back below
     constexpr int64_t kWide = C::kTileVecs * C::kLanes;
     for (int64_t d = 0; d < head_dim;) {
       const bool wide = d + kWide <= head_dim;
@@ -214,6 +215,7 @@ struct Avx2RowSteps {
       }
       d += wide ? kWide : C::kLanes;
     }
+    Avx2TileSteps<C>::queue() = prefetch;
   }
 };
 
