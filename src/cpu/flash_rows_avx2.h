@@ -13,9 +13,12 @@
 //  - O += P V: a 6-row x 16-column micro-tile broadcasts P[i][j] from six probability rows and
 //    loads V[j][d .. d + 15] (pv_microtile_avx2 reading P by rows).
 // Both products then broadcast from six contiguous row streams and load one streamed operand.
-// Measured on one Zen 1 core (64 x 128 tile, data in L1/L2, fraction of FMA peak): P V 0.95 ->
-// 0.98 at head dim 128 and 0.84 -> 0.97 at head dim 64 against the transposed tile (where every
-// step reads a new line of P^T: 128 lines per micro-tile), S level or +1%; benchmarks/NOTES.md.
+// On one Zen 1 core (64 x 128 tile in L1/L2) P V ran at 0.95 -> 0.98 of the FMA peak at head dim
+// 128 and 0.84 -> 0.97 at head dim 64 against the transposed tile (where each step reads a new
+// line of P^T: 128 lines per micro-tile), S level or +1%. The whole kernel, one head, paired
+// against the transposed kernel with the same softmax: +0-0.7% at head dim 128, +1-2% at 64 with
+// 128-key tiles; 256-key tiles (kRowTileKeys) and causal row groups that stop at their last
+// visible key add +1% and, causal, +3-5% (benchmarks/NOTES.md).
 #pragma once
 
 #include "flash_kernel_avx2.h"
