@@ -50,3 +50,64 @@ def test_tma_pipeline_on_views_of_a_bigger_buffer():
                 assert err < 2e-2, (dtype, d, causal, err)
                 finite = torch.isfinite(ref_lse)
                 assert (lse.double() - ref_lse)[finite].abs().max().item() < 1e-3
+
+
+def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
+    """At head dim 64 the TMA kernel runs blocks of 192 query rows (three consumer warpgroups) from
+    2048 query rows on, the wgmma kernel of 128-row blocks below: both sides of the threshold,
+    query lengths that leave a partial last block, causal with more and with fewer queries than keys
+    (rows that see no key: zeros, LSE -inf), GQA, a negative scale, and varlen batches whose longest
+    sequence crosses the threshold."""
+    torch = pytest.importorskip("torch")
+    import waveboost
+    from reference import attention_ref_torch as reference
+
+    g = torch.Generator(device="cuda")
+    g.manual_seed(19)
+    cases = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale, kernel expected
+        (1, 4, 2, 2047, 600, False, None, "wgmma_hdim64"),
+        (1, 8, 2, 2048, 2048, True, None, "wgmma_tma_hdim64"),
+        (2, 3, 1, 2200, 1900, True, None, "wgmma_tma_hdim64"),  # 300 rows see no key
+        (1, 6, 3, 2113, 2500, True, -0.2, "wgmma_tma_hdim64"),
+        (2, 2, 1, 2305, 257, False, 0.3, "wgmma_tma_hdim64"),
+    ]  # grids of at least half the SMs' worth of 128-row blocks on an H100: no split-KV
+    for dtype in (torch.float16, torch.bfloat16):
+        for b, h, hkv, lq, lk, causal, scale, kernel in cases:
+            q = torch.randn(b, lq, h, 64, generator=g, device="cuda").to(dtype)
+            k = torch.randn(b, lk, hkv, 64, generator=g, device="cuda").to(dtype)
+            v = torch.randn(b, lk, hkv, 64, generator=g, device="cuda").to(dtype)
+            s = 0.125 if scale is None else scale
+            where = (dtype, b, h, hkv, lq, lk, causal, s)
+            assert waveboost.plan(q, k, v, causal=causal, backend="wgmma")["kernel"].startswith(kernel), where
+            out, lse = waveboost.attention(q, k, v, causal=causal, softmax_scale=s, backend="wgmma",
+                                           return_lse=True)
+            ref, ref_lse = reference(q, k, v, causal, s)
+            assert torch.isfinite(out).all(), where
+            assert (out.double() - ref).abs().max().item() < 2e-2, where
+            finite = torch.isfinite(ref_lse)
+            assert torch.equal(torch.isfinite(lse), finite), where
+            assert (lse.double() - ref_lse)[finite].abs().max().item() < 1e-3, where
+            if causal and lq > lk:
+                assert out[:, : lq - lk].abs().max().item() == 0, where
+
+    # Varlen: packed sequences of 2500, 0, 37 and 2049 query rows (max 2500: the 192-row kernel).
+    lens_q, lens_k = [2500, 0, 37, 2049], [2600, 5, 0, 1500]
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
+    for causal in (False, True):
+        q = torch.randn(sum(lens_q), 4, 64, generator=g, device="cuda").to(torch.bfloat16)
+        k = torch.randn(sum(lens_k), 2, 64, generator=g, device="cuda").to(torch.bfloat16)
+        v = torch.randn(sum(lens_k), 2, 64, generator=g, device="cuda").to(torch.bfloat16)
+        out = waveboost.attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+                                         causal=causal, backend="wgmma")
+        for i in range(len(lens_q)):
+            if lens_q[i] == 0:
+                continue
+            qs = q[cu_q[i]:cu_q[i + 1]][None]
+            ks, vs = k[cu_k[i]:cu_k[i + 1]][None], v[cu_k[i]:cu_k[i + 1]][None]
+            got = out[cu_q[i]:cu_q[i + 1]].double()
+            if lens_k[i] == 0:
+                assert got.abs().max().item() == 0, (i, causal)
+                continue
+            ref, _ = reference(qs, ks, vs, causal, 64 ** -0.5)
+            assert (got - ref[0]).abs().max().item() < 2e-2, (i, causal)

@@ -60,6 +60,9 @@ def cases():
     # blocks, so no split-KV.
     out += [("wgmma", "bf16", (4, 256, 601, 16, 4), 64, True, "contiguous"),
             ("wgmma", "fp16", (4, 256, 601, 16, 4), 128, False, "contiguous")]
+    # Head dim 64 from 2048 query rows: the TMA kernel's blocks of 192 rows (three consumer
+    # warpgroups), a partial last block, causal rows that see no key.
+    out += [("wgmma", "fp16", (1, 2200, 1900, 6, 2), 64, True, "contiguous")]
     # wgmma's split-KV (small grids, long keys): pieces with tails and empty causal rows, and the merge.
     out += [("wgmma", "fp16", (1, 200, 700, 2, 1), 128, True, "contiguous"),
             ("wgmma", "bf16", (2, 37, 653, 4, 2), 64, False, "bhsd")]

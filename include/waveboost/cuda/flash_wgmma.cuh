@@ -46,12 +46,13 @@ namespace waveboost::cuda {
 /// \brief Compile-time choices of the wgmma flash kernel.
 /// \tparam Element_  __half or __nv_bfloat16 (Q, K, V, O, P); accumulation is fp32.
 /// \tparam kHeadDim_ 64 or 128.
-template <typename Element_, int kHeadDim_>
+/// \tparam kBlockM_  query rows per block, 64 per consumer warpgroup (the cp.async kernel: 128).
+template <typename Element_, int kHeadDim_, int kBlockM_ = kWgmmaBlockM>
 struct FlashWgmmaTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kRowsPerWarpgroup = 64;  // wgmma's M
-  static constexpr int kBlockM = kWgmmaBlockM;
+  static constexpr int kBlockM = kBlockM_;
   static constexpr int kWarpgroups = kBlockM / kRowsPerWarpgroup;
   static constexpr int kThreads = kWarpgroups * 128;
   // Keys per tile = N of S's wgmma. 128 keeps S at 64 registers per thread and gives each
@@ -85,7 +86,7 @@ struct FlashWgmmaTraits {
   static_assert(sizeof(Element) == 2, "16-bit elements");
   static_assert(kPanelCols * int(sizeof(Element)) == kRowBytes, "a panel row is one 128 B swizzle row");
   // A copy pass covers a multiple of 8 rows, so a thread's chunk swizzle is the same every pass.
-  static_assert(kRowsPerCopyPass % 8 == 0 && kBlockM % kRowsPerCopyPass == 0 && kBlockN % kRowsPerCopyPass == 0);
+  static_assert(kRowsPerCopyPass % 8 == 0 && kBlockM % kRowsPerCopyPass == 0);
   // Tiles and panels are whole atoms, so every tile and panel start stays 1024 B aligned.
   static_assert(kQTileBytes % kAtomBytes == 0 && kKVTileBytes % kAtomBytes == 0 && kBlockN % 8 == 0);
   static_assert(16 * kChunksPerRow % 32 == 0, "the epilogue stores whole warps of chunks");
@@ -309,6 +310,7 @@ __device__ __forceinline__ void write_block_output(const AttentionParams& p, con
 template <typename Traits, typename Mask, bool kSplit, bool kSequences, bool kPagedKV>
 __device__ __forceinline__ void attend_block(const AttentionParams& p, const SplitKV& split) {
   static_assert(!(kSplit && kSequences), "split-KV pieces are laid out for dense batches");
+  static_assert(Traits::kBlockN % Traits::kRowsPerCopyPass == 0, "K/V tiles in whole copy passes");
   static_assert(kSequences || !kPagedKV, "paged K/V is a sequence layout");
   using Element = typename Traits::Element;
   using Softmax = OnlineSoftmax<typename Traits::ScoreFragments>;

@@ -1,21 +1,21 @@
 // Hopper flash attention forward, warp-specialized (backend "wgmma", sm_90a only).
 //
-// The wgmma kernel (flash_wgmma.cuh) with its loads handed to a producer: a block runs three
-// warpgroups. Warpgroups 0 and 1 are the consumers and compute exactly as the wgmma kernel
-// does (64 query rows each, S = Q K^T and O += P V on wgmma, the online softmax of
-// core/softmax.cuh, P(i-1) V(i-1) in flight under softmax(S(i))). Warpgroup 2 is the
-// producer: one of its threads issues TMA loads of the K and V tiles into a ring of kStages
+// The wgmma kernel (flash_wgmma.cuh) with its loads handed to a producer: a block runs
+// kWarpgroups consumer warpgroups (two at head dim 128, three at head dim 64) and one producer.
+// The consumers compute exactly as the wgmma kernel does (64 query rows each, S = Q K^T and
+// O += P V on wgmma, the online softmax of core/softmax.cuh, P(i-1) V(i-1) in flight under
+// softmax(S(i))). The last warpgroup is the producer: one of its threads issues TMA loads of the K and V tiles into a ring of kStages
 // shared-memory buffers each, in the order the consumers read them (K(0), then K(i), V(i-1),
 // ..., V(n-1)), and waits on the ring's "empty" barriers before overwriting a buffer.
 //
 //   full_k[s], full_v[s]    one arrival (the producer, announcing the tile's bytes) + the
 //                           TMA's bytes: the consumers wait on them before reading buffer s
-//   empty_k[s], empty_v[s]  one arrival per consumer warp (8), once its warpgroup's wgmma that
+//   empty_k[s], empty_v[s]  one arrival per consumer warp (8 or 12), once its warpgroup's wgmma that
 //                           read buffer s has completed: the producer waits on them
 //
 // So the consumers meet no block-wide barrier per tile (the wgmma kernel's __syncthreads) and
 // issue no copies: their registers and issue slots go to the products and the softmax. The
-// producer gives registers back (setmaxnreg 24) and the consumers take them (240).
+// producer gives registers back (setmaxnreg 24) and the consumers take them (240 of two, 160 of three).
 //
 // TMA writes each 64-column panel of a tile as one box of kBlockN rows x 128 B in the 128 B
 // swizzle, which is the layout wgmma reads through descriptor_128b: the consumer code's
@@ -42,15 +42,19 @@
 namespace waveboost::cuda {
 
 /// \brief The wgmma traits plus the ring and the thread roles of the warp-specialized kernel.
-template <typename Element_, int kHeadDim_, int kStages_>
-struct FlashWgmmaWsTraits : FlashWgmmaTraits<Element_, kHeadDim_> {
-  using Base = FlashWgmmaTraits<Element_, kHeadDim_>;
+template <typename Element_, int kHeadDim_, int kStages_, int kBlockM_ = kWgmmaBlockM>
+struct FlashWgmmaWsTraits : FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_> {
+  using Base = FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_>;
   static constexpr int kStages = kStages_;
   static constexpr int kConsumerThreads = Base::kThreads;  // warpgroups 0 .. kWarpgroups - 1
   static constexpr int kBlockThreads = kConsumerThreads + 128;
   static constexpr int kConsumerWarps = kConsumerThreads / 32;
   static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  // What the register file leaves the consumers, rounded down to setmaxnreg's multiple of 8 and at most 240.
+  static constexpr int kConsumerRegisters =
+      (65536 - kProducerRegisters * 128) / kConsumerThreads / 8 * 8 > 240
+          ? 240
+          : (65536 - kProducerRegisters * 128) / kConsumerThreads / 8 * 8;
   static_assert(kConsumerRegisters * kConsumerThreads + kProducerRegisters * 128 <= 65536, "register file");
   // Q, kStages K tiles, kStages V tiles, 4 kStages barriers of 8 B, and the alignment slack.
   static constexpr int kBarrierBytes = 4 * kStages * 8;
@@ -245,8 +249,17 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
 
 }  // namespace flash_wgmma_ws
 
+// Query rows per block of the warp-specialized kernel: 128 (two consumer warpgroups) at head dim
+// 128; 192 (three) at head dim 64, where the softmax's dependency chains, not a pipe, bound two
+// warps per scheduler (benchmarks/NOTES.md: 1.11-1.19x at 4k-16k non-causal). A query block of
+// 192 rows wastes up to 191 rows of a sequence's last block, so calls with fewer query rows than
+// kWgmmaWsMinRows192 run the wgmma kernel of 128-row blocks instead (wgmma_ws_takes).
+constexpr int kWgmmaWsBlockMHeadDim64 = 192;
+constexpr int64_t kWgmmaWsMinRows192 = 2048;
+
 template <typename Element, int kHeadDim>
-using FlashWgmmaWsDefaultTraits = FlashWgmmaWsTraits<Element, kHeadDim, 2>;
+using FlashWgmmaWsDefaultTraits =
+    FlashWgmmaWsTraits<Element, kHeadDim, 2, kHeadDim == 64 ? kWgmmaWsBlockMHeadDim64 : kWgmmaBlockM>;
 
 /// \brief Warp-specialized flash attention forward; grid as the wgmma kernel's (query blocks,
 /// batch * heads folded over y and z), three warpgroups per block. kSequences: p may carry
@@ -279,15 +292,23 @@ inline bool wgmma_ws_takes_layout(const AttentionParams& p) {
   return p.seqlen_k > 0 && rows > 0 && rows < (int64_t{1} << 31) && !p.is_paged();
 }
 
+/// \brief Whether the warp-specialized kernel takes a call: its layout, and at head dim 64 (blocks
+/// of 192 query rows) at least kWgmmaWsMinRows192 query rows (p.seqlen_q: with cu_seqlens_q the
+/// longest sequence's bound).
+inline bool wgmma_ws_takes(const AttentionParams& p) {
+  return wgmma_ws_takes_layout(p) && (p.head_dim != 64 || p.seqlen_q >= kWgmmaWsMinRows192);
+}
+
 /// \brief Builds the tensor maps of K and V and launches the warp-specialized kernel on
 /// `stream`. NotSupported (nothing launched) where TMA cannot describe K or V or the call is not
 /// a dense batch with keys: the caller then runs the wgmma kernel.
 template <typename Element, int kHeadDim>
 Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashWgmmaWsDefaultTraits<Element, kHeadDim>;
-  if (!wgmma_ws_takes_layout(p)) {
+  if (!wgmma_ws_takes(p)) {
     return Status::NotSupported(
-        "the warp-specialized wgmma kernel runs contiguous K/V with keys (with cu_seqlens_k: total_k set)");
+        "the warp-specialized wgmma kernel runs contiguous K/V with keys (with cu_seqlens_k: total_k set), at "
+        "head dim 64 from 2048 query rows");
   }
   CUtensorMap k_map, v_map;
   if (!encode_kv_tensor_maps(p, Traits::kBlockN, &k_map, &v_map)) {

@@ -5,7 +5,7 @@
 namespace waveboost::cuda {
 
 bool wgmma_tma_applies(const AttentionParams& p) {
-  if (!wgmma_ws_takes_layout(p) || (p.head_dim != 64 && p.head_dim != 128)) return false;
+  if (!wgmma_ws_takes(p) || (p.head_dim != 64 && p.head_dim != 128)) return false;
   const int box_rows = p.head_dim == 64 ? FlashWgmmaWsDefaultTraits<__half, 64>::kBlockN
                                         : FlashWgmmaWsDefaultTraits<__half, 128>::kBlockN;
   CUtensorMap k_map, v_map;
