@@ -131,7 +131,8 @@ def _device_cc(torch):
 # Shapes that reach each kind of row: (batch, seqlen_q, seqlen_k, heads, heads_kv). The general
 # wgmma kernel runs what the TMA kernel does not take: split-KV calls (a small grid, long keys).
 SHAPES = {
-    ("wgmma", "tma"): (4, 1000, 777, 8, 2),  # 256 blocks: unsplit below 512 SMs
+    # At least 2048 query rows (head dim 64 runs the TMA kernel from there); 272 blocks: unsplit below 544 SMs.
+    ("wgmma", "tma"): (2, 2100, 1777, 8, 2),
     ("wgmma", ""): (1, 64, 4097, 1, 1),
     ("decode", ""): (3, 1, 1500, 16, 4),
 }
