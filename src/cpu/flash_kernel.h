@@ -237,6 +237,28 @@ inline int64_t visible_keys(const AttentionParams& params, int64_t row) {
 //   s[j][i] = sum_d k[j][d] * q_t[d][i].
 // Keys are read in place (broadcast one element at a time), queries come from
 // the transposed Q block, so neither operand needs a per-tile transpose.
+// The epilogue of a query block: out = O / l (O: num_rows accumulator rows, o_stride apart) and
+// lse = ln(sum_j e^(scale * q.k_j)) = (m + log2(l)) * ln(2), m and l the base-2 running max and
+// sum. A row that sees no key, or whose visible scores are all -inf in the data, has l = 0:
+// zeros and LSE -inf, as on every CUDA path and in the reference (tests/reference.py). A NaN
+// (or +inf) score makes l NaN: out and LSE NaN. `out`: the block's first output row.
+template <typename T>
+inline void write_block_output(const AttentionParams& params, const QueryBlock& block, const T* o, int64_t o_stride,
+                               const T* m, const T* l, T* out) {
+  for (int64_t i = 0; i < block.num_rows; ++i) {
+    T* out_row = out + i * params.o_row_stride;
+    const bool sees_no_key = visible_keys(params, block.row_begin + i) == 0 || l[i] == T(0);
+    const T inv_l = sees_no_key ? T(0) : T(1) / l[i];
+    for (int64_t d = 0; d < params.head_dim; ++d) out_row[d] = o[i * o_stride + d] * inv_l;
+    if (params.lse != nullptr) {
+      const double lse = sees_no_key ? -std::numeric_limits<double>::infinity()
+                                     : static_cast<double>(m[i]) * kLn2 + std::log(static_cast<double>(l[i]));
+      params.lse[block.batch * params.lse_batch_stride + block.head * params.lse_head_stride + block.row_begin + i] =
+          static_cast<float>(lse);
+    }
+  }
+}
+
 template <class C, int kKeys, int kVecs>
 WAVEBOOST_CPU_INLINE void scores_microtile(const typename C::Element* k, int64_t k_row_stride,
                                            const typename C::Element* q_t, int64_t ldq, int64_t head_dim,
@@ -548,22 +570,7 @@ WAVEBOOST_CPU_INLINE void attention_query_block(const AttentionParams& params, c
     TileSteps<C>::pv(p_t, ld, v_rows, ldv, cols, alpha, rows_padded, dim_padded, o);
   }
 
-  // out = O / l; lse = ln(sum_j e^(scale * q.k_j)) = (m + log2(l)) * ln(2).
-  // A row that sees no key, or whose visible scores are all -inf in the data,
-  // has l = 0: zeros and LSE -inf, as on every CUDA path and in the reference
-  // (tests/reference.py). A NaN (or +inf) score makes l NaN: out and LSE NaN.
-  for (int64_t i = 0; i < rows; ++i) {
-    T* out_row = out + i * params.o_row_stride;
-    const bool sees_no_key = visible_keys(params, block.row_begin + i) == 0 || l[i] == T(0);
-    const T inv_l = sees_no_key ? T(0) : T(1) / l[i];
-    for (int64_t d = 0; d < head_dim; ++d) out_row[d] = o[i * dim_padded + d] * inv_l;
-    if (params.lse != nullptr) {
-      const double lse = sees_no_key ? -std::numeric_limits<double>::infinity()
-                                     : static_cast<double>(m[i]) * kLn2 + std::log(static_cast<double>(l[i]));
-      params.lse[block.batch * params.lse_batch_stride + block.head * params.lse_head_stride + block.row_begin + i] =
-          static_cast<float>(lse);
-    }
-  }
+  write_block_output(params, block, o, dim_padded, m, l, out);
 }
 
 }  // namespace waveboost::cpu

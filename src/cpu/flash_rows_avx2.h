@@ -282,19 +282,7 @@ WAVEBOOST_CPU_AVX2_INLINE void attention_query_block_rows(const AttentionParams&
                      head_dim, o);
   }
 
-  // out = O / l; lse = (m + log2(l)) * ln(2), as attention_query_block.
-  for (int64_t i = 0; i < rows; ++i) {
-    float* out_row = out + i * params.o_row_stride;
-    const bool sees_no_key = visible_keys(params, block.row_begin + i) == 0 || l[i] == 0.0f;
-    const float inv_l = sees_no_key ? 0.0f : 1.0f / l[i];
-    for (int64_t d = 0; d < head_dim; ++d) out_row[d] = o[i * head_dim + d] * inv_l;
-    if (params.lse != nullptr) {
-      const double lse = sees_no_key ? -std::numeric_limits<double>::infinity()
-                                     : static_cast<double>(m[i]) * kLn2 + std::log(static_cast<double>(l[i]));
-      params.lse[block.batch * params.lse_batch_stride + block.head * params.lse_head_stride + block.row_begin + i] =
-          static_cast<float>(lse);
-    }
-  }
+  write_block_output(params, block, o, head_dim, m, l, out);
 }
 
 }  // namespace waveboost::cpu
