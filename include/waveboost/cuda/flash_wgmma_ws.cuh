@@ -212,10 +212,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
       const int prev_stage = (i + kStages - 1) % kStages;
 
       tma::wait(ring.full_k(stage), (i / kStages) & 1);
-      if constexpr (!kFirst) {
-        tma::wait(ring.full_v(prev_stage), ((i - 1) / kStages) & 1);
-        if (zero_first_values && i == 1) zero_rows_past<Traits>(ring.v_tile, first_tile_keys);
-      }
+      if constexpr (!kFirst) tma::wait(ring.full_v(prev_stage), ((i - 1) / kStages) & 1);
 
       flash_wgmma::attend_tile<Traits, kMasked, kFirst>(
           o, p_prev, softmax, mask, q_desc, wgmma::advance(k_desc, stage * Traits::kKVTileBytes),
@@ -229,6 +226,13 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
     };
 
     attend_key_tile(0, std::true_type{}, std::true_type{});
+    // V(0) is zeroed here, once, not by a check inside the visits: inlined there it lengthened both
+    // loop bodies of every sequence-layout block (benchmarks/NOTES.md, "Varlen"). Visit 1 waits for
+    // V(0) anyway; the producer issues it right after K(1).
+    if (zero_first_values && n_visits > 1) {
+      tma::wait(ring.full_v(0), 0);
+      zero_rows_past<Traits>(ring.v_tile, first_tile_keys);
+    }
     int i = 1;
     const int n_masked = min(n_visits, tile_end - blk.n_unmasked);  // visits of tiles >= n_unmasked
     for (; i < n_masked; ++i) attend_key_tile(i, std::true_type{}, std::false_type{});
