@@ -54,7 +54,7 @@ def test_tma_pipeline_on_views_of_a_bigger_buffer():
 
 def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
     """At head dim 64 the TMA kernel runs blocks of 192 query rows (three consumer warpgroups) from
-    2048 query rows on, the wgmma kernel of 128-row blocks below: both sides of the threshold,
+    2048 query rows on, blocks of 128 rows below: both sides of the threshold,
     query lengths that leave a partial last block, causal with more and with fewer queries than keys
     (rows that see no key: zeros, LSE -inf), GQA, a negative scale, and varlen batches whose longest
     sequence crosses the threshold."""
@@ -65,7 +65,8 @@ def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
     g = torch.Generator(device="cuda")
     g.manual_seed(19)
     cases = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale, kernel expected
-        (1, 4, 2, 2047, 600, False, None, "wgmma_hdim64"),
+        (1, 4, 2, 2047, 600, False, None, "wgmma_tma_hdim64"),  # 128-row blocks
+        (3, 4, 2, 700, 1500, True, -0.4, "wgmma_tma_hdim64"),  # 128-row blocks, causal
         (1, 8, 2, 2048, 2048, True, None, "wgmma_tma_hdim64"),
         (2, 3, 1, 2200, 1900, True, None, "wgmma_tma_hdim64"),  # 300 rows see no key
         (1, 6, 3, 2113, 2500, True, -0.2, "wgmma_tma_hdim64"),
@@ -90,11 +91,12 @@ def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
             if causal and lq > lk:
                 assert out[:, : lq - lk].abs().max().item() == 0, where
 
-    # Varlen: packed sequences of 2500, 0, 37 and 2049 query rows (max 2500: the 192-row kernel).
-    lens_q, lens_k = [2500, 0, 37, 2049], [2600, 5, 0, 1500]
-    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
-    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
-    for causal in (False, True):
+    # Varlen: packed sequences of 2500, 0, 37 and 2049 query rows (max 2500: the 192-row kernel), and
+    # of 1000, 1, 0 and 517 (max 1000: 128-row blocks).
+    for lens_q, lens_k, causal in [([2500, 0, 37, 2049], [2600, 5, 0, 1500], c) for c in (False, True)] + [
+            ([1000, 1, 0, 517], [1300, 200, 9, 0], c) for c in (False, True)]:
+        cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
+        cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
         q = torch.randn(sum(lens_q), 4, 64, generator=g, device="cuda").to(torch.bfloat16)
         k = torch.randn(sum(lens_k), 2, 64, generator=g, device="cuda").to(torch.bfloat16)
         v = torch.randn(sum(lens_k), 2, 64, generator=g, device="cuda").to(torch.bfloat16)

@@ -1,7 +1,7 @@
 // Hopper flash attention forward, warp-specialized (backend "wgmma", sm_90a only).
 //
 // The wgmma kernel (flash_wgmma.cuh) with its loads handed to a producer: a block runs
-// kWarpgroups consumer warpgroups (two at head dim 128, three at head dim 64) and one producer.
+// kWarpgroups consumer warpgroups (two; three at head dim 64 from 2048 query rows) and one producer.
 // The consumers compute exactly as the wgmma kernel does (64 query rows each, S = Q K^T and
 // O += P V on wgmma, the online softmax of core/softmax.cuh, P(i-1) V(i-1) in flight under
 // softmax(S(i))). The last warpgroup is the producer: one of its threads issues TMA loads of the K and V tiles into a ring of kStages
@@ -253,26 +253,35 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
 
 }  // namespace flash_wgmma_ws
 
-// Query rows per block of the warp-specialized kernel: 128 (two consumer warpgroups) at head dim
-// 128; 192 (three) at head dim 64, where the softmax's dependency chains, not a pipe, bound two
-// warps per scheduler (benchmarks/NOTES.md: 1.11-1.19x at 4k-16k non-causal). A query block of
-// 192 rows wastes up to 191 rows of a sequence's last block, so calls with fewer query rows than
-// kWgmmaWsMinRows192 run the wgmma kernel of 128-row blocks instead (wgmma_ws_takes).
+// Query rows per block of the warp-specialized kernel: 128 (two consumer warpgroups), and at head
+// dim 64 192 (three) for calls of at least kWgmmaWsMinRows192 query rows, where the softmax's
+// dependency chains, not a pipe, bound two warps per scheduler (benchmarks/NOTES.md: 1.06-1.27x at
+// 2k-16k). A query block of 192 rows wastes up to 191 rows of a sequence's last block, which
+// shorter calls feel (0.85x at 1k causal), so they keep blocks of 128.
 constexpr int kWgmmaWsBlockMHeadDim64 = 192;
 constexpr int64_t kWgmmaWsMinRows192 = 2048;
 
+template <typename Element, int kHeadDim, int kBlockM>
+using FlashWgmmaWsRingTraits = FlashWgmmaWsTraits<Element, kHeadDim, 2, kBlockM>;
+
+// The instantiation of the largest shared memory per head dim (what the kernel table reports).
 template <typename Element, int kHeadDim>
 using FlashWgmmaWsDefaultTraits =
-    FlashWgmmaWsTraits<Element, kHeadDim, 2, kHeadDim == 64 ? kWgmmaWsBlockMHeadDim64 : kWgmmaBlockM>;
+    FlashWgmmaWsRingTraits<Element, kHeadDim, kHeadDim == 64 ? kWgmmaWsBlockMHeadDim64 : kWgmmaBlockM>;
+
+/// \brief Query rows per block for a call (p.seqlen_q: with cu_seqlens_q the longest sequence's bound).
+inline int wgmma_ws_block_m(const AttentionParams& p) {
+  return p.head_dim == 64 && p.seqlen_q >= kWgmmaWsMinRows192 ? kWgmmaWsBlockMHeadDim64 : kWgmmaBlockM;
+}
 
 /// \brief Warp-specialized flash attention forward; grid as the wgmma kernel's (query blocks,
-/// batch * heads folded over y and z), three warpgroups per block. kSequences: p may carry
-/// cu_seqlens_q / cu_seqlens_k / seqused_k (not a paged K/V).
-template <typename Element, int kHeadDim, bool kCausal, bool kSequences>
-__global__ void __launch_bounds__(FlashWgmmaWsDefaultTraits<Element, kHeadDim>::kBlockThreads, 1)
+/// batch * heads folded over y and z), kBlockM / 64 consumer warpgroups and a producer per block.
+/// kSequences: p may carry cu_seqlens_q / cu_seqlens_k / seqused_k (not a paged K/V).
+template <typename Element, int kHeadDim, int kBlockM, bool kCausal, bool kSequences>
+__global__ void __launch_bounds__(FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM>::kBlockThreads, 1)
     flash_wgmma_ws_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map) {
-  flash_wgmma_ws::attend_block<FlashWgmmaWsDefaultTraits<Element, kHeadDim>, CausalMask<kCausal>, kSequences>(
+  flash_wgmma_ws::attend_block<FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM>, CausalMask<kCausal>, kSequences>(
       p, &k_map, &v_map);
 }
 
@@ -291,29 +300,15 @@ inline bool encode_kv_tensor_maps(const AttentionParams& p, int box_rows, CUtens
 
 /// \brief Whether the warp-specialized kernel takes a call's layout: keys, contiguous K/V (dense,
 /// varlen with its packed extent p.total_k known, seqused_k), key indices in int.
-inline bool wgmma_ws_takes_layout(const AttentionParams& p) {
+inline bool wgmma_ws_takes(const AttentionParams& p) {
   const int64_t rows = p.is_varlen_k() ? p.total_k : p.seqlen_k;
   return p.seqlen_k > 0 && rows > 0 && rows < (int64_t{1} << 31) && !p.is_paged();
 }
 
-/// \brief Whether the warp-specialized kernel takes a call: its layout, and at head dim 64 (blocks
-/// of 192 query rows) at least kWgmmaWsMinRows192 query rows (p.seqlen_q: with cu_seqlens_q the
-/// longest sequence's bound).
-inline bool wgmma_ws_takes(const AttentionParams& p) {
-  return wgmma_ws_takes_layout(p) && (p.head_dim != 64 || p.seqlen_q >= kWgmmaWsMinRows192);
-}
-
-/// \brief Builds the tensor maps of K and V and launches the warp-specialized kernel on
-/// `stream`. NotSupported (nothing launched) where TMA cannot describe K or V or the call is not
-/// a dense batch with keys: the caller then runs the wgmma kernel.
-template <typename Element, int kHeadDim>
-Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
-  using Traits = FlashWgmmaWsDefaultTraits<Element, kHeadDim>;
-  if (!wgmma_ws_takes(p)) {
-    return Status::NotSupported(
-        "the warp-specialized wgmma kernel runs contiguous K/V with keys (with cu_seqlens_k: total_k set), at "
-        "head dim 64 from 2048 query rows");
-  }
+/// \brief The launch of one block height (launch_flash_wgmma_ws picks it).
+template <typename Element, int kHeadDim, int kBlockM>
+Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream) {
+  using Traits = FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM>;
   CUtensorMap k_map, v_map;
   if (!encode_kv_tensor_maps(p, Traits::kBlockN, &k_map, &v_map)) {
     return Status::NotSupported("TMA cannot describe k or v (strides must be positive multiples of 16 bytes)");
@@ -321,14 +316,30 @@ Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
   const FoldedGrid g = folded_grid(p, Traits::kBlockM);
   const bool sequences = !p.is_dense();
-  const auto kernel = p.is_causal ? (sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, true, true>
-                                               : flash_wgmma_ws_kernel<Element, kHeadDim, true, false>)
-                                  : (sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, false, true>
-                                               : flash_wgmma_ws_kernel<Element, kHeadDim, false, false>);
+  const auto kernel = p.is_causal ? (sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, true, true>
+                                               : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, true, false>)
+                                  : (sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, false, true>
+                                               : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, false, false>);
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
   kernel<<<grid, Traits::kBlockThreads, Traits::kSmemBytes, stream>>>(p, k_map, v_map);
   return cuda_status(cudaGetLastError(), "flash_wgmma_ws_kernel launch");
+}
+
+/// \brief Builds the tensor maps of K and V and launches the warp-specialized kernel on
+/// `stream`, blocks of wgmma_ws_block_m(p) query rows. NotSupported (nothing launched) where TMA
+/// cannot describe K or V or the call's layout is not one it runs: the caller then runs the wgmma kernel.
+template <typename Element, int kHeadDim>
+Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
+  if (!wgmma_ws_takes(p)) {
+    return Status::NotSupported(
+        "the warp-specialized wgmma kernel runs contiguous K/V with keys (with cu_seqlens_k: total_k set)");
+  }
+  if constexpr (kHeadDim == 64) {
+    if (wgmma_ws_block_m(p) == kWgmmaWsBlockMHeadDim64)
+      return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMHeadDim64>(p, stream);
+  }
+  return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaBlockM>(p, stream);
 }
 
 }  // namespace waveboost::cuda
