@@ -4,8 +4,8 @@
 Every compiled (backend, pass, variant, dtype, head dim) kernel is one row below. From the table
 this script writes
 
-  src/cuda/generated/<unit>.cu        one translation unit per family and dtype (its head dims), built
-                                      for every architecture
+  src/cuda/generated/<unit>.cu        the translation units (below) of kernels that every architecture
+                                      of the build runs, built for all of them
   src/cuda/sm80/generated/<unit>.cu   kernels that need compute capability 8.0 or more, built only for
                                       the architectures of the build from 80 up
   src/cuda/cc90/generated/<unit>.cu   the same for kernels that need 9.0 or more
