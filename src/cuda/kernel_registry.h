@@ -33,7 +33,7 @@ using ForwardEntry = Status (*)(const AttentionParams&, const ForwardLaunch&);
 using BackwardEntry = Status (*)(const AttentionBackwardParams&, void* workspace, cudaStream_t);
 
 struct KernelRecord {
-  const char* name;     // e.g. "mma_hdim64_bf16": also the generated file's name
+  const char* name;     // e.g. "mma_hdim64_bf16": its entry point (in the generated mma_bf16.cu)
   Backend backend;
   bool backward;        // pass: false forward, true backward
   const char* variant;  // "" the backend's general kernel; e.g. "tma" for a faster one it tries first

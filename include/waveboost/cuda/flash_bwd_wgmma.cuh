@@ -759,7 +759,7 @@ __global__ void __launch_bounds__(FlashBwdWgmmaWsTraits<Element, kHeadDim>::kBlo
 }
 
 // ---------------------------------------------------------------------------
-// Host: launch (instantiated per dtype and head dim in src/cuda/sm90/generated/bwd_wgmma_*.cu)
+// Host: launch (instantiated per dtype and head dim in src/cuda/sm90/generated/bwd_wgmma.cu)
 // ---------------------------------------------------------------------------
 
 /// \brief Which main kernel runs (src/cuda/sm90/flash_bwd_wgmma.cu): the warp-specialized one

@@ -1,5 +1,5 @@
 // Host side of the wgmma backward (flash_bwd_wgmma.cuh): the choice of main kernel and the dQ
-// accumulator's tensor map. The launches are instantiated in src/cuda/sm90/generated/bwd_wgmma_*.cu.
+// accumulator's tensor map. The launches are instantiated in src/cuda/sm90/generated/bwd_wgmma.cu.
 //
 // The main kernel is the warp-specialized one (TMA producer, dQ summed over the block and added
 // by a writer warp's tensor bulk reductions); WAVEBOOST_WGMMA_BACKWARD=cp.async names the kernel

@@ -1,5 +1,5 @@
 // Host side of the warp-specialized wgmma forward (flash_wgmma_ws.cuh): whether it takes a call.
-// The kernels themselves are instantiated in src/cuda/sm90/generated/wgmma_tma_*.cu.
+// The kernels themselves are instantiated in src/cuda/sm90/generated/wgmma_tma.cu.
 #include "waveboost/cuda/flash_wgmma_ws.cuh"
 
 namespace waveboost::cuda {
