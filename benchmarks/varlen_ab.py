@@ -16,18 +16,9 @@ import sys
 import torch
 
 import waveboost
+from varlen_bench import cu, time_ms  # benchmarks/, the script's folder
 
 BATCH, SEQLEN, HEADS = 8, 2048, 16
-
-
-def time_calls(fn, inner: int = 5) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(inner):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / inner
 
 
 def main(backends: list[str]) -> None:
@@ -38,14 +29,14 @@ def main(backends: list[str]) -> None:
                 q4, k4, v4 = (torch.randn(BATCH, SEQLEN, HEADS, d, device="cuda", dtype=torch.bfloat16)
                               for _ in range(3))
                 q3, k3, v3 = (x.reshape(BATCH * SEQLEN, HEADS, d) for x in (q4, k4, v4))
-                cu = torch.arange(0, BATCH + 1, device="cuda", dtype=torch.int32) * SEQLEN
+                cu_eq = cu([SEQLEN] * BATCH)
                 o4, o3 = torch.empty_like(q4), torch.empty_like(q3)
 
                 def dense():
                     waveboost.attention(q4, k4, v4, causal=causal, backend=backend, out=o4)
 
                 def varlen():
-                    waveboost.attention_varlen(q3, k3, v3, cu, cu, max_seqlen_q=SEQLEN, max_seqlen_k=SEQLEN,
+                    waveboost.attention_varlen(q3, k3, v3, cu_eq, cu_eq, max_seqlen_q=SEQLEN, max_seqlen_k=SEQLEN,
                                                causal=causal, out=o3, backend=backend)
 
                 for _ in range(3):
@@ -55,7 +46,7 @@ def main(backends: list[str]) -> None:
                 for r in range(20):
                     pair = ((t_dense, dense), (t_varlen, varlen)) if r % 2 else ((t_varlen, varlen), (t_dense, dense))
                     for times, fn in pair:
-                        times.append(time_calls(fn))
+                        times.append(time_ms(fn, reps=1, warmup=0))  # one round: 5 calls
                 md, mv = statistics.median(t_dense), statistics.median(t_varlen)
                 print(f"{backend} D={d} causal={int(causal)} dense {md:.4f} ms varlen {mv:.4f} ms ratio {mv / md:.3f}",
                       flush=True)
