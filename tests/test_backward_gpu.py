@@ -164,6 +164,16 @@ def test_dlse_and_empty_rows(path, dname, lq, lk):
             assert (dq[:, : lq - lk] == 0).all().item(), "rows that see no key must get zero dq"
 
 
+@pytest.mark.parametrize("path,dname", [("mma", "bf16"), ("mma", "fp32"), ("wgmma", "bf16")])
+def test_causal_launch_order(path, dname):
+    """Causal grids take their last kv heads key block by key block, enough of them for two blocks
+    per SM, and the others head by head (core/schedule.cuh): 96 kv heads of 6 key blocks put heads
+    in both parts on any GPU up to 200 SMs."""
+    q, k, v, dout = random_inputs(8, 200, 700, 24, 12, 128, DTYPES[dname], seed=11)
+    grads = run_backward(path, q, k, v, dout, True)
+    check_grads(grads, q, k, v, dout, True, 1 / math.sqrt(128), dname)
+
+
 @pytest.mark.parametrize("path", ["naive", "mma", "wgmma"])
 def test_strided_views(path):
     """BHSD storage seen through transposes, for every input and output."""

@@ -136,6 +136,26 @@ def test_wgmma_split_kv_matches_reference(shape, dname, d, causal):
     assert torch.equal(waveboost.attention(q, k, v, causal=causal, backend="wgmma"), out), "not deterministic"
 
 
+@pytest.mark.parametrize("path,dname", [("wmma", "fp16"), ("mma", "bf16"), ("mma", "fp32"), ("wgmma", "bf16"),
+                                        ("wgmma", "fp16")])
+def test_causal_launch_order(path, dname):
+    """Causal grids take their last heads tile by tile, enough of them for two blocks per SM, and the
+    others head by head (core/schedule.cuh): 160 heads of 3 query blocks put heads in both parts on
+    any GPU up to 200 SMs (no split-KV)."""
+    b, h, lq, lk, d = 10, 16, 300, 700, 128
+    q, k, v = random_qkv(b, lq, lk, h, h // 2, d, DTYPES[dname])
+    try:
+        waveboost.resolve_backend(q, k, v, causal=True, backend=path)
+    except ValueError as e:
+        pytest.skip(f"backend {path!r} cannot run this case: {e}")
+    assert waveboost.plan(q, k, v, causal=True, backend=path)["num_splits"] == 1
+    out = torch.full_like(q, float("nan"))
+    poison_allocator(b * h * lq * 4)
+    _, lse = waveboost.attention(q, k, v, causal=True, out=out, return_lse=True, backend=path)
+    torch.cuda.synchronize()
+    check_against_reference(out, lse, q, k, v, True, 1 / math.sqrt(d), dname)
+
+
 @pytest.mark.parametrize("d", [1, 32, 80, 96, 256])
 @pytest.mark.parametrize("dname", ["fp16", "bf16", "fp32"])
 def test_naive_any_head_dim(d, dname):

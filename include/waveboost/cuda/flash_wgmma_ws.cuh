@@ -227,9 +227,9 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
 
     attend_key_tile(0, std::true_type{}, std::true_type{});
     // V(0) is zeroed here, once, not by a check inside the visits: inlined there it lengthened both
-    // loop bodies of every sequence-layout block (benchmarks/NOTES.md, "Varlen"). Visit 1 waits for
-    // V(0) anyway; the producer issues it right after K(1).
-    if (zero_first_values && n_visits > 1) {
+    // loop bodies of every sequence-layout block (benchmarks/NOTES.md, "Varlen"). Its first reader
+    // (visit 1, or the last product when there is one visit) waits for V(0) anyway.
+    if (zero_first_values) {
       tma::wait(ring.full_v(0), 0);
       zero_rows_past<Traits>(ring.v_tile, first_tile_keys);
     }
@@ -241,7 +241,6 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
     // The last product, P(n-1) V(n-1).
     const int last_stage = (n_visits - 1) % kStages;
     tma::wait(ring.full_v(last_stage), ((n_visits - 1) / kStages) & 1);
-    if (zero_first_values && n_visits == 1) zero_rows_past<Traits>(ring.v_tile, first_tile_keys);
     flash_wgmma::attend_last_values<Traits>(o, p_prev, wgmma::advance(v_desc, last_stage * Traits::kKVTileBytes));
   }
 

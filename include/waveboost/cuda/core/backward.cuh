@@ -11,6 +11,7 @@
 #include <string>
 
 #include "waveboost/cuda/common.cuh"
+#include "waveboost/cuda/core/schedule.cuh"
 #include "waveboost/cuda/mma_primitives.cuh"
 
 namespace waveboost::cuda {
@@ -85,8 +86,11 @@ struct BackwardBlock {
 /// \brief The key block and the (batch, kv head) a backward block owns, from its place in the
 /// grid (backward_grid: x = key blocks, batch * heads_kv folded over y and z). x runs fastest in the
 /// launch order, so the key blocks of one (batch, kv head) run side by side and share its Q, dO and
-/// dQ rows in L2. Deterministic and causal, the last key block launches first: the order of the
-/// dQ turns (dq_turn), so that every block's predecessors in its turns were launched before it.
+/// dQ rows in L2. Causal, the first key block sees the most query blocks: the grid's last kv heads
+/// are taken key block by key block (core/schedule.cuh), so that their heavy blocks do not start
+/// in the grid's last wave. Deterministic and causal, the last key
+/// block launches first instead: the order of the dQ turns (dq_turn), so that every block's
+/// predecessors in its turns were launched before it.
 struct BackwardBlockIndex {
   int64_t n_block;
   int64_t bhk;  // batch index * heads_kv + kv head; from p.batch * p.heads_kv on a padding block
@@ -94,8 +98,11 @@ struct BackwardBlockIndex {
 
 template <bool kCausal>
 __device__ __forceinline__ BackwardBlockIndex backward_block_index(bool deterministic) {
-  const int64_t n_block = deterministic && kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  return {n_block, static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y};
+  if (kCausal && deterministic) {
+    return {gridDim.x - 1 - blockIdx.x, static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y};
+  }
+  const GridTile at = grid_tile(blockIdx.x, gridDim.x, kCausal);
+  return {at.tile, at.head};
 }
 
 /// \brief Locates key block index.n_block of (batch, kv head) index.bhk; false for a padding

@@ -1,0 +1,45 @@
+// The launch order of the flash kernels' blocks: which (tile, head) a block takes from its place
+// in the grid. Grids put a head's tiles (query blocks in the forward, key blocks in the backward)
+// along x and the heads over y and z, and the hardware hands out blocks x fastest.
+//
+// Under a causal mask the tiles of a head differ in work (the heaviest tile is taken first: the
+// forward's last query block sees every key, the backward's first key block every query). Head
+// by head, the heaviest tiles of the last heads start within the grid's last wave and finish
+// long after the rest (3-10% of a causal call at 1k-8k keys in a model of the block dispatch,
+// benchmarks/NOTES.md, "Causal launch order"). So the grid's last heads, as many as fill
+// kTailWaves waves of blocks, are taken tile by tile (tile 0 of each of them, then tile 1, ...):
+// their heavy tiles start first. The other heads stay head by head, where the blocks in flight
+// read the same K/V (forward) or Q/dO (backward) tiles at about the same time; taking every head
+// tile by tile (chunks of heads sized to L2) lost that sharing: 5-14% slower at 1k keys.
+#pragma once
+
+#include <cstdint>
+
+namespace waveboost::cuda {
+
+/// Waves of blocks (one block per SM) that the tail taken tile by tile fills.
+inline constexpr int kTailWaves = 2;
+
+struct GridTile {
+  int64_t tile;  // in launch order (0 first)
+  int64_t head;  // the grid's head index: blockIdx.z * gridDim.y + blockIdx.y before reordering
+};
+
+/// \brief The (tile, head) of launch position (tile_index, this block's y and z) in a grid of
+/// `tiles` tiles per head, heads folded over gridDim.y and gridDim.z. heavy_first == false: the
+/// grid's own order, head by head. Otherwise the last heads, enough for kTailWaves blocks per SM,
+/// tile by tile (see above). A bijection over the grid either way.
+__device__ __forceinline__ GridTile grid_tile(int64_t tile_index, int64_t tiles, bool heavy_first) {
+  const int64_t head = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
+  if (!heavy_first || tiles <= 1) return {tile_index, head};
+  uint32_t sms;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+  const int64_t heads = static_cast<int64_t>(gridDim.y) * gridDim.z;
+  const int64_t tail = min(heads, (int64_t{kTailWaves} * sms + tiles - 1) / tiles);
+  const int64_t first = heads - tail;  // the tail's first head
+  if (head < first) return {tile_index, head};
+  const int64_t rest = (head - first) * tiles + tile_index;  // position within the tail
+  return {rest / tail, first + rest % tail};
+}
+
+}  // namespace waveboost::cuda
