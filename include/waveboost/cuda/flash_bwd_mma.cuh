@@ -317,16 +317,17 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       }
     }
 
-    const bool masked = backward_tile_masked<kCausal>(p, blk, kBlockN, m0);
+    with_step_mask<kHeadDim == 128>(backward_tile_masked<kCausal>(p, blk, kBlockN, m0), [&](auto masked) {
 #pragma unroll
-    for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
+      for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = 8 * nt + 2 * t + e % 2;
-        st[nt][e] = backward_probability<kCausal>(st[nt][e], scale_log2, lse_row[col], masked,
-                                                  n0 + key_row + g + 8 * (e / 2), m0 + col, p, causal_offset);
+        for (int e = 0; e < 4; ++e) {
+          const int col = 8 * nt + 2 * t + e % 2;
+          st[nt][e] = backward_probability<kCausal>(st[nt][e], scale_log2, lse_row[col], bool(masked),
+                                                    n0 + key_row + g + 8 * (e / 2), m0 + col, p, causal_offset);
+        }
       }
-    }
+    });
 
 #pragma unroll
     for (int ds = 0; ds < Traits::kDimSlices; ++ds) {

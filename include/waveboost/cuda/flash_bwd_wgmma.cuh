@@ -187,19 +187,20 @@ template <typename Traits, bool kCausal>
 __device__ __forceinline__ void probabilities_and_ds(float (&st)[32], float (&dpt)[32], const AttentionBackwardParams& p,
                                                      const BackwardBlock& blk, int64_t m0, int key_row, int g, int t,
                                                      float scale_log2, const float* lse_row, const float* d_row) {
-  const bool masked = backward_tile_masked<kCausal>(p, blk, Traits::kBlockN, m0);
+  with_step_mask<true>(backward_tile_masked<kCausal>(p, blk, Traits::kBlockN, m0), [&](auto masked) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < 8; ++i) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = 8 * i + 2 * t + (j % 2);
-      const float prob = backward_probability<kCausal>(st[4 * i + j], scale_log2, lse_row[col], masked,
-                                                       blk.n0 + key_row + g + 8 * (j / 2), m0 + col, p,
-                                                       blk.causal_offset);
-      st[4 * i + j] = prob;
-      dpt[4 * i + j] = prob * (dpt[4 * i + j] - d_row[col]);
+      for (int j = 0; j < 4; ++j) {
+        const int col = 8 * i + 2 * t + (j % 2);
+        const float prob = backward_probability<kCausal>(st[4 * i + j], scale_log2, lse_row[col], bool(masked),
+                                                         blk.n0 + key_row + g + 8 * (j / 2), m0 + col, p,
+                                                         blk.causal_offset);
+        st[4 * i + j] = prob;
+        dpt[4 * i + j] = prob * (dpt[4 * i + j] - d_row[col]);
+      }
     }
-  }
+  });
 }
 
 /// \brief Issues dV += P^T dO and dK += dS^T Q (committed, not waited for); do_b / q_b: MN-major

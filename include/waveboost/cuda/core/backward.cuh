@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "waveboost/cuda/common.cuh"
 #include "waveboost/cuda/core/schedule.cuh"
@@ -167,6 +168,26 @@ template <bool kCausal>
 __device__ __forceinline__ bool backward_tile_masked(const AttentionBackwardParams& p, const BackwardBlock& blk,
                                                      int64_t block_n, int64_t m0) {
   return blk.n0 + block_n > p.seqlen_k || (kCausal && blk.n0 + block_n - 1 > m0 + blk.causal_offset);
+}
+
+/// \brief Calls fn(std::true_type{}) for a step that needs the per-element mask
+/// (backward_tile_masked) and fn(std::false_type{}) otherwise: one uniform branch per step, so the
+/// per-element tests of backward_probability exist only in the masked copy of the step's code.
+/// kSplit false: one copy, fn(masked) with the flag at run time (ptxas then predicates the tests
+/// into every step). The wgmma backward splits (causal 1.06-1.24x at L >= 4k); the mma backward at
+/// head dim 64 does not: there the second copy raised its spills from 16-20 to 60-96 bytes and
+/// cost 3-6% (benchmarks/NOTES.md, "The backward's masked steps").
+template <bool kSplit, typename Fn>
+__device__ __forceinline__ void with_step_mask(bool masked, Fn&& fn) {
+  if constexpr (kSplit) {
+    if (masked) {
+      fn(std::true_type{});
+    } else {
+      fn(std::false_type{});
+    }
+  } else {
+    fn(masked);
+  }
 }
 
 /// \brief P of one score: exp2(s * scale_log2 - lse * log2(e)), 0 where (masked) the key is past
