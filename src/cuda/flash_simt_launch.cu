@@ -1,5 +1,5 @@
 // Host side of backend "simt": what it can run and its launch, through the kernel registry
-// (the instantiations are in src/cuda/generated/simt_wmma.cu and src/cuda/sm80/generated/simt_wmma.cu).
+// (the instantiations are src/cuda/generated/simt.cu and src/cuda/sm80/generated/simt.cu).
 #include "cuda/cuda_paths.h"
 #include "cuda/kernel_registry.h"
 #include "waveboost/cuda/flash_simt.cuh"

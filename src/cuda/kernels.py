@@ -15,8 +15,7 @@ this script writes
 
 A unit holds the kernels of one family in one of those folders, every dtype and head dim (e.g.
 decode.cu: decode_hdim64_fp16 ... decode_hdim128_bf16), or those of one dtype for the families marked
-unit_per_dtype (mma_bf16.cu: mma_hdim64_bf16 and mma_hdim128_bf16), or those of the light families that
-name a shared unit (simt_wmma.cu: the two readable references). Every translation unit pays a fixed
+unit_per_dtype (mma_bf16.cu: mma_hdim64_bf16 and mma_hdim128_bf16). Every translation unit pays a fixed
 cost whatever it instantiates (the CUDA headers parsed once per architecture and once more for the
 host, about 5 s of a 2-core build), so kernels share units; the heaviest family is cut by dtype so that
 no unit holds up the end of a build (each of its dtypes is ~38 s of nvcc for sm_80 + sm_90).
@@ -77,8 +76,6 @@ class Family:
     vector_elements: q/k/v/out (and the gradients) move in 16 B pieces of this many elements
       (per dtype); 0: no alignment needed.
     unit_per_dtype: a generated translation unit per dtype rather than one for the family.
-    unit: the name of a translation unit that the family shares with others (in each folder);
-      "" for one of its own.
     """
 
     backend: str
@@ -97,19 +94,18 @@ class Family:
     sm90a: bool = False
     note: str = ""
     unit_per_dtype: bool = False
-    unit: str = ""
 
 
 FAMILIES = {
     "simt": Family(
         backend="simt", passes="forward", header="waveboost/cuda/flash_simt.cuh",
         launch="launch_flash_simt<{T}, {D}>(p, l.stream)", dtypes=("fp16", "bf16", "fp32"), head_dims=(64, 128),
-        smem="FlashSimtTraits<{T}, {D}>::kSmemBytes", min_cc=0, min_cc_by_dtype={"bf16": 80}, unit="simt_wmma",
+        smem="FlashSimtTraits<{T}, {D}>::kSmemBytes", min_cc=0, min_cc_by_dtype={"bf16": 80},
         note="CUDA cores only: the readable reference of the tiled algorithm"),
     "wmma": Family(
         backend="wmma", passes="forward", header="waveboost/cuda/flash_wmma.cuh",
         launch="launch_flash_wmma<{T}, {D}>(p, l.stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),
-        smem="flash_wmma_min_smem_bytes({D})", min_cc=70, min_cc_by_dtype={"bf16": 80}, unit="simt_wmma",
+        smem="flash_wmma_min_smem_bytes({D})", min_cc=70, min_cc_by_dtype={"bf16": 80},
         note="tensor cores through the wmma API; key tile chosen by the device's shared memory"),
     "mma": Family(
         backend="mma", passes="forward", header="waveboost/cuda/flash_mma.cuh",
@@ -204,7 +200,7 @@ def units() -> dict[tuple, list[Kernel]]:
     """The translation units: (directory, file name) -> its kernels, in the table's order."""
     out: dict[tuple, list[Kernel]] = {}
     for k in kernels():
-        name = k.f.unit or (f"{k.family}_{k.dtype}" if k.f.unit_per_dtype else k.family)
+        name = f"{k.family}_{k.dtype}" if k.f.unit_per_dtype else k.family
         out.setdefault((k.directory, f"{name}.cu"), []).append(k)
     return out
 
@@ -221,16 +217,13 @@ def entry_points(k: Kernel) -> str:
 
 
 def translation_unit(unit: list[Kernel]) -> str:
-    families = list(dict.fromkeys(u.family for u in unit))
-    about, includes = "", ""
-    for name in families:
-        f = FAMILIES[name]
-        dtypes = ", ".join(dict.fromkeys(DTYPES[u.dtype][2] for u in unit if u.family == name))
-        head_dims = ", ".join(str(d) for d in dict.fromkeys(u.head_dim for u in unit if u.family == name))
-        about += (f"// {f.backend} {f.passes}{' (' + f.variant + ')' if f.variant else ''}, "
-                  f"{dtypes}, head_dim {head_dims}: {f.note}.\n")
-        includes += f"#include \"{f.header}\"\n"
-    return (f"{HEADER}{about}{includes}#include \"cuda/kernel_registry.h\"\n\n"
+    k = unit[0]
+    f = k.f
+    dtypes = ", ".join(dict.fromkeys(DTYPES[u.dtype][2] for u in unit))
+    head_dims = ", ".join(str(d) for d in dict.fromkeys(u.head_dim for u in unit))
+    return (f"{HEADER}// {f.backend} {f.passes}{' (' + f.variant + ')' if f.variant else ''}, "
+            f"{dtypes}, head_dim {head_dims}: {f.note}.\n"
+            f"#include \"{f.header}\"\n#include \"cuda/kernel_registry.h\"\n\n"
             f"namespace waveboost::cuda::kernels {{\n\n" + "\n".join(entry_points(u) for u in unit) +
             f"\n}}  // namespace waveboost::cuda::kernels\n")
 
