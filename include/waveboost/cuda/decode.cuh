@@ -423,15 +423,22 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
       }
     }
 
-    // Mask keys past what each row sees (the sequence end, the causal diagonal).
+    // Mask keys past what each row sees (the sequence end, the causal diagonal), as offsets from
+    // the warp's first key j0: key j0 + c is masked for a row iff c >= that row's keys - j0
+    // (clamped to [0, kWarpKeys], which keeps every comparison), in 32 bits per score.
     const int64_t j0 = (tile_begin + it) * kBlockN + key0;
     if (j0 + Traits::kWarpKeys > mask_from) {
+      int limit[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t seen = row_keys[half] - j0;
+        limit[half] = seen < 0 ? 0 : (seen > Traits::kWarpKeys ? Traits::kWarpKeys : static_cast<int>(seen));
+      }
 #pragma unroll
       for (int nt = 0; nt < Traits::kWarpKeys / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int64_t j = j0 + nt * 8 + 2 * t + (e & 1);
-          if (j >= row_keys[e >> 1]) s[nt][e] = -INFINITY;
+          if (nt * 8 + 2 * t + (e & 1) >= limit[e >> 1]) s[nt][e] = -INFINITY;
         }
       }
     }
