@@ -117,54 +117,75 @@ __device__ __forceinline__ void load_rows(uint32_t tile, const Element* src, int
 }
 
 /// \brief D = rowsum(dO * O) - dlse and lse * log2(e) per (padded) query row, and a zeroed dQ
-/// accumulator row. One warp per row.
-template <typename Element>
+/// accumulator row. kLanes threads per row, each with 16 B of O and of dO (the flash backwards
+/// take 16 B aligned rows only: kernel_registry's vector_elements), so a warp covers 32 / kLanes
+/// rows; the block's 256 threads step through the rows together (every lane reaches the
+/// shuffles).
+template <typename Element, int kHeadDim>
 __global__ void preprocess_kernel(const __grid_constant__ AttentionBackwardParams p, FlashBwdWorkspace ws) {
-  constexpr int kRowWarps = 8;
-  const int lane = threadIdx.x % 32;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(Element));
+  constexpr int kLanes = kHeadDim / kVec;
+  static_assert(kHeadDim % kVec == 0 && kLanes <= 32 && 32 % kLanes == 0, "a row in a power-of-2 part of a warp");
+  constexpr int kRowsPerPass = 256 / kLanes;
+  const int lane = threadIdx.x % kLanes;
   const int64_t num_rows = p.batch * p.heads * ws.m_pad;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32; row < num_rows;
-       row += static_cast<int64_t>(gridDim.x) * kRowWarps) {
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerPass; first < num_rows;
+       first += static_cast<int64_t>(gridDim.x) * kRowsPerPass) {
+    const int64_t row = first + threadIdx.x / kLanes;
+    const bool valid = row < num_rows;
     const int64_t i = row % ws.m_pad;
     const int64_t bh = row / ws.m_pad;
     const int64_t b = bh / p.heads, h = bh % p.heads;
-    float d_row = 0.f, lse_log2 = INFINITY;
-    if (i < p.seqlen_q) {
-      const Element* o = static_cast<const Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
-                         h * p.o_head_stride;
-      const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride + i * p.do_row_stride +
-                            h * p.do_head_stride;
-      float acc = 0.f;
-      for (int64_t d = lane; d < p.head_dim; d += 32) acc = fmaf(to_float(dout[d]), to_float(o[d]), acc);
-      for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-      const float dlse = p.dlse != nullptr ? p.dlse[b * p.dlse_batch_stride + h * p.dlse_head_stride + i] : 0.f;
-      d_row = acc - dlse;
-      const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i];
-      lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    const bool live = valid && i < p.seqlen_q;
+    float acc = 0.f;
+    if (live) {
+      const uint4 o_chunk = *reinterpret_cast<const uint4*>(
+          static_cast<const Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride +
+          lane * kVec);
+      const uint4 do_chunk = *reinterpret_cast<const uint4*>(
+          static_cast<const Element*>(p.dout) + b * p.do_batch_stride + i * p.do_row_stride + h * p.do_head_stride +
+          lane * kVec);
+      const Element* o = reinterpret_cast<const Element*>(&o_chunk);
+      const Element* dout = reinterpret_cast<const Element*>(&do_chunk);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc = fmaf(to_float(dout[e]), to_float(o[e]), acc);
     }
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+    if (!valid) continue;
     if (lane == 0) {
+      float d_row = 0.f, lse_log2 = INFINITY;
+      if (live) {
+        const float dlse = p.dlse != nullptr ? p.dlse[b * p.dlse_batch_stride + h * p.dlse_head_stride + i] : 0.f;
+        d_row = acc - dlse;
+        const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i];
+        lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      }
       ws.d_rows[row] = d_row;
       ws.lse_log2[row] = lse_log2;
     }
-    float* dq_row = ws.dq_accum + row * p.head_dim;
-    for (int64_t d = lane; d < p.head_dim; d += 32) dq_row[d] = 0.f;
+    float4* dq_row = reinterpret_cast<float4*>(ws.dq_accum + row * kHeadDim + lane * kVec);
+#pragma unroll
+    for (int e = 0; e < kVec / 4; ++e) dq_row[e] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 
 /// \brief dq[b, i, h, :] = softmax_scale * dQ accumulator, eight elements per thread (16-bit or fp32).
-template <typename Element>
+template <typename Element, int kHeadDim>
 __global__ void convert_dq_kernel(const __grid_constant__ AttentionBackwardParams p, const float* dq_accum,
                                   int64_t m_pad) {
-  const int64_t chunks_per_row = p.head_dim / 8;
-  const int64_t total = p.batch * p.heads * p.seqlen_q * chunks_per_row;
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  const int64_t rows = p.batch * p.heads * p.seqlen_q;
+  const int64_t total = rows * kChunksPerRow;
   const float scale = static_cast<float>(p.softmax_scale);
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t chunk = idx % chunks_per_row;
-    const int64_t i = idx / chunks_per_row % p.seqlen_q;
-    const int64_t bh = idx / chunks_per_row / p.seqlen_q;
+    const int chunk = static_cast<int>(idx % kChunksPerRow);
+    const int64_t row = idx / kChunksPerRow;
+    const int64_t i = row % p.seqlen_q;
+    const int64_t bh = row / p.seqlen_q;
     const int64_t b = bh / p.heads, h = bh % p.heads;
-    const float4* src = reinterpret_cast<const float4*>(dq_accum + (bh * m_pad + i) * p.head_dim + chunk * 8);
+    const float4* src = reinterpret_cast<const float4*>(dq_accum + (bh * m_pad + i) * kHeadDim + chunk * 8);
     const float4 x = src[0], y = src[1];
     Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + i * p.dq_row_stride + h * p.dq_head_stride;
     if constexpr (std::is_same_v<Element, float>) {
@@ -527,8 +548,9 @@ Status launch_flash_backward(const AttentionBackwardParams& p, void* workspace, 
     WAVEBOOST_CUDA_RETURN(cudaMemsetAsync(ws.semaphores, 0, static_cast<size_t>(rows / kBlockM) * sizeof(int), stream));
   }
   if (rows > 0) {
-    const auto grid = static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, kMaxGrid));
-    flash_bwd::preprocess_kernel<Element><<<grid, 256, 0, stream>>>(p, ws);
+    constexpr int kRowsPerBlock = 256 / (kHeadDim * static_cast<int>(sizeof(Element)) / 16);
+    const auto grid = static_cast<unsigned>(std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxGrid));
+    flash_bwd::preprocess_kernel<Element, kHeadDim><<<grid, 256, 0, stream>>>(p, ws);
     WAVEBOOST_CUDA_RETURN(cudaGetLastError());
   }
   if (p.seqlen_k > 0) {
@@ -537,7 +559,7 @@ Status launch_flash_backward(const AttentionBackwardParams& p, void* workspace, 
   const int64_t chunks = p.batch * p.heads * p.seqlen_q * (kHeadDim / 8);
   if (chunks > 0) {
     const auto grid = static_cast<unsigned>(std::min<int64_t>((chunks + 255) / 256, kMaxGrid));
-    flash_bwd::convert_dq_kernel<Element><<<grid, 256, 0, stream>>>(p, ws.dq_accum, ws.m_pad);
+    flash_bwd::convert_dq_kernel<Element, kHeadDim><<<grid, 256, 0, stream>>>(p, ws.dq_accum, ws.m_pad);
     WAVEBOOST_CUDA_RETURN(cudaGetLastError());
   }
   return Status::Ok();
