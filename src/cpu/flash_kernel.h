@@ -233,10 +233,6 @@ inline int64_t visible_keys(const AttentionParams& params, int64_t row) {
   return std::clamp<int64_t>(row + params.seqlen_k - params.seqlen_q + 1, 0, params.seqlen_k);
 }
 
-// One kKeys x (kVecs * kLanes) tile of the transposed scores,
-//   s[j][i] = sum_d k[j][d] * q_t[d][i].
-// Keys are read in place (broadcast one element at a time), queries come from
-// the transposed Q block, so neither operand needs a per-tile transpose.
 // The epilogue of a query block: out = O / l (O: num_rows accumulator rows, o_stride apart) and
 // lse = ln(sum_j e^(scale * q.k_j)) = (m + log2(l)) * ln(2), m and l the base-2 running max and
 // sum. A row that sees no key, or whose visible scores are all -inf in the data, has l = 0:
@@ -259,6 +255,10 @@ inline void write_block_output(const AttentionParams& params, const QueryBlock& 
   }
 }
 
+// One kKeys x (kVecs * kLanes) tile of the transposed scores,
+//   s[j][i] = sum_d k[j][d] * q_t[d][i].
+// Keys are read in place (broadcast one element at a time), queries come from
+// the transposed Q block, so neither operand needs a per-tile transpose.
 template <class C, int kKeys, int kVecs>
 WAVEBOOST_CPU_INLINE void scores_microtile(const typename C::Element* k, int64_t k_row_stride,
                                            const typename C::Element* q_t, int64_t ldq, int64_t head_dim,

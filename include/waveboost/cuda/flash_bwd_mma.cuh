@@ -122,11 +122,20 @@ __device__ __forceinline__ void load_rows(uint32_t tile, const Element* src, int
 /// rows; the block's 256 threads step through the rows together (every lane reaches the
 /// shuffles).
 template <typename Element, int kHeadDim>
-__global__ void preprocess_kernel(const __grid_constant__ AttentionBackwardParams p, FlashBwdWorkspace ws) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(Element));
-  constexpr int kLanes = kHeadDim / kVec;
+struct PreprocessShape {
+  static constexpr int kThreads = 256;
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(Element));  // elements per 16 B
+  static constexpr int kLanes = kHeadDim / kVec;                        // threads per row
+  static constexpr int kRowsPerBlock = kThreads / kLanes;
   static_assert(kHeadDim % kVec == 0 && kLanes <= 32 && 32 % kLanes == 0, "a row in a power-of-2 part of a warp");
-  constexpr int kRowsPerPass = 256 / kLanes;
+};
+
+template <typename Element, int kHeadDim>
+__global__ void preprocess_kernel(const __grid_constant__ AttentionBackwardParams p, FlashBwdWorkspace ws) {
+  using Shape = PreprocessShape<Element, kHeadDim>;
+  constexpr int kVec = Shape::kVec;
+  constexpr int kLanes = Shape::kLanes;
+  constexpr int kRowsPerPass = Shape::kRowsPerBlock;
   const int lane = threadIdx.x % kLanes;
   const int64_t num_rows = p.batch * p.heads * ws.m_pad;
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * kRowsPerPass; first < num_rows;
@@ -548,9 +557,10 @@ Status launch_flash_backward(const AttentionBackwardParams& p, void* workspace, 
     WAVEBOOST_CUDA_RETURN(cudaMemsetAsync(ws.semaphores, 0, static_cast<size_t>(rows / kBlockM) * sizeof(int), stream));
   }
   if (rows > 0) {
-    constexpr int kRowsPerBlock = 256 / (kHeadDim * static_cast<int>(sizeof(Element)) / 16);
-    const auto grid = static_cast<unsigned>(std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxGrid));
-    flash_bwd::preprocess_kernel<Element, kHeadDim><<<grid, 256, 0, stream>>>(p, ws);
+    using Shape = flash_bwd::PreprocessShape<Element, kHeadDim>;
+    const auto grid =
+        static_cast<unsigned>(std::min<int64_t>((rows + Shape::kRowsPerBlock - 1) / Shape::kRowsPerBlock, kMaxGrid));
+    flash_bwd::preprocess_kernel<Element, kHeadDim><<<grid, Shape::kThreads, 0, stream>>>(p, ws);
     WAVEBOOST_CUDA_RETURN(cudaGetLastError());
   }
   if (p.seqlen_k > 0) {

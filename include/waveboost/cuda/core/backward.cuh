@@ -89,9 +89,9 @@ struct BackwardBlock {
 /// launch order, so the key blocks of one (batch, kv head) run side by side and share its Q, dO and
 /// dQ rows in L2. Causal, the first key block sees the most query blocks: the grid's last kv heads
 /// are taken key block by key block (core/schedule.cuh), so that their heavy blocks do not start
-/// in the grid's last wave. Deterministic and causal, the last key
-/// block launches first instead: the order of the dQ turns (dq_turn), so that every block's
-/// predecessors in its turns were launched before it.
+/// in the grid's last wave. Deterministic and causal, the last key block launches first instead:
+/// the order of the dQ turns (dq_turn), so that every block's predecessors in its turns were
+/// launched before it.
 struct BackwardBlockIndex {
   int64_t n_block;
   int64_t bhk;  // batch index * heads_kv + kv head; from p.batch * p.heads_kv on a padding block
@@ -99,11 +99,9 @@ struct BackwardBlockIndex {
 
 template <bool kCausal>
 __device__ __forceinline__ BackwardBlockIndex backward_block_index(bool deterministic) {
-  if (kCausal && deterministic) {
-    return {gridDim.x - 1 - blockIdx.x, static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y};
-  }
-  const GridTile at = grid_tile(blockIdx.x, gridDim.x, kCausal);
-  return {at.tile, at.head};
+  const bool turns = kCausal && deterministic;
+  const GridTile at = grid_tile(blockIdx.x, gridDim.x, kCausal && !turns);
+  return {turns ? gridDim.x - 1 - at.tile : at.tile, at.head};
 }
 
 /// \brief Locates key block index.n_block of (batch, kv head) index.bhk; false for a padding

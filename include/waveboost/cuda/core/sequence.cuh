@@ -162,8 +162,9 @@ struct FlashBlock {
 /// batch * heads, or a block past its sequence's query rows (the grid covers the longest
 /// sequence, p.seqlen_q, as FlashAttention-2's varlen grid does). longest_first: query blocks
 /// are taken last to first (under a causal mask the last ones see the most keys: a shorter
-/// grid tail), the grid's last heads tile by tile (core/schedule.cuh). kSequences: p may carry a sequence layout (varlen, seqused_k, paged); without
-/// it the layout is dense at compile time, and every offset the layout adds folds away.
+/// grid tail), the grid's last heads tile by tile (core/schedule.cuh). kSequences: p may carry a
+/// sequence layout (varlen, seqused_k, paged); without it the layout is dense at compile time,
+/// and every offset the layout adds folds away.
 template <bool kSequences>
 __device__ __forceinline__ bool locate_query_block(const AttentionParams& p, bool longest_first, int64_t m_index,
                                                    int64_t m_blocks, int64_t block_m, FlashBlock& blk) {
