@@ -146,6 +146,7 @@ const char* dtype_name(DType dtype) {
     case DType::kBFloat16: return "bfloat16";
     case DType::kFloat32: return "float32";
     case DType::kFloat64: return "float64";
+    case DType::kFloat8E4M3: return "float8_e4m3fn";
   }
   return "unknown";
 }
@@ -188,8 +189,13 @@ Status validate(const AttentionParams& p) {
     case DType::kFloat32:
     case DType::kFloat64:
       break;
+    case DType::kFloat8E4M3:
+      if (p.out_dtype != DType::kBFloat16 && p.out_dtype != DType::kFloat16)
+        return Status::InvalidArgument(std::string("out_dtype must be bfloat16 or float16 with float8_e4m3fn inputs; "
+                                                   "got ") + dtype_name(p.out_dtype));
+      break;
     default:
-      return Status::InvalidArgument("dtype is not one of float16, bfloat16, float32, float64");
+      return Status::InvalidArgument("dtype is not one of float16, bfloat16, float32, float64, float8_e4m3fn");
   }
   if (p.is_paged()) {
     if (p.page_size < 1) return Status::InvalidArgument("page_size must be >= 1 with a block_table; got " + str(p.page_size));
@@ -282,6 +288,8 @@ bool fits_one_wave(const AttentionParams& p) {
 
 Backend select_backend(const AttentionParams& p) {
   if (p.device_type == DeviceType::kCPU) return Backend::kCPU;
+  // e4m3 inputs have one kernel, wgmma's (whose can_implement says why where it cannot run).
+  if (p.is_fp8()) return Backend::kWgmma;
   // Calls with few query rows per kv head (decode, speculative verify) go to decode: it packs
   // the rows of a kv head's query heads into one tile and reads each K/V byte once per kv head,
   // where the flash paths give every query head a 128-row tile of its own and read the keys once

@@ -85,7 +85,7 @@ def test_kernels_export_the_compiled_table():
         assert r["min_compute_capability"] >= 0
         assert r["max_compute_capability"] is None or r["max_compute_capability"] >= r["min_compute_capability"]
         assert r["smem_bytes"] is None or r["smem_bytes"] > 0
-        assert r["vector_elements"] in (0, 4, 8) and (r["vector_elements"] == 0 or 16 % r["vector_elements"] == 0)
+        assert r["vector_elements"] in (0, 4, 8, 16) and (r["vector_elements"] == 0 or 16 % r["vector_elements"] == 0)
 
 
 def test_plan_on_the_cpu():
@@ -161,8 +161,11 @@ def test_every_kernel_of_the_table_runs(row):
         assert plan["kernel"] == row["name"], plan
         out, lse = waveboost.attention(q, k, v, causal=True, return_lse=True, backend=row["backend"])
         ref, ref_lse = reference(q, k, v, True, scale)
-        naive, _ = reference(q, k, v, True, scale, dtype=dtype)
-        tol = 1e-5 if dtype == torch.float32 else 2 * (naive.double() - ref).abs().max().item() + 2e-3
+        if row["dtype"] == "float8_e4m3fn":  # P V rounds P to e4m3: the bound of tests/test_fp8_gpu.py
+            tol = 3e-2 * max(1.0, ref.abs().max().item())
+        else:
+            naive, _ = reference(q, k, v, True, scale, dtype=dtype)
+            tol = 1e-5 if dtype == torch.float32 else 2 * (naive.double() - ref).abs().max().item() + 2e-3
         err = (out.double() - ref).abs().max().item()
         assert err <= (tol * ref.abs().max().item() if dtype == torch.float32 else tol), (err, tol)
         # Rows that see no key (causal, seqlen_q > seqlen_k) have LSE -inf in both.

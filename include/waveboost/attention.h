@@ -20,7 +20,9 @@
 
 namespace waveboost {
 
-enum class DType : int32_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat64 = 3 };
+// kFloat8E4M3: OCP float8 e4m3 ("e4m3fn": no infinities, max 448), inputs only (q, k, v of the
+// wgmma forward); the output is then AttentionParams::out_dtype.
+enum class DType : int32_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat64 = 3, kFloat8E4M3 = 4 };
 
 enum class DeviceType : int32_t { kCPU = 0, kCUDA = 1 };
 
@@ -73,7 +75,7 @@ struct AttentionParams {
   // Bottom-right aligned causal mask: query i sees key j iff j <= i + seqlen_k - seqlen_q.
   bool is_causal = false;
 
-  DType dtype = DType::kFloat32;  // of q, k, v and out
+  DType dtype = DType::kFloat32;  // of q, k, v and out (out: out_dtype when dtype is kFloat8E4M3)
   DeviceType device_type = DeviceType::kCPU;
   int device_id = 0;  // CUDA ordinal when device_type == kCUDA
 
@@ -101,6 +103,23 @@ struct AttentionParams {
   int64_t block_table_batch_stride = 0;
   int64_t page_size = 0;
   int64_t num_pages = 0;
+
+  // ---- FP8 inputs (dtype kFloat8E4M3) ----
+  // q, k and v hold e4m3 values x / descale: each dequantizes by its descale factor, a device
+  // float32 (batch, heads_kv) array (element strides; 0 repeats one value), nullptr for 1 (the
+  // factors of q and k multiply softmax_scale, v's the output). out has out_dtype (kBFloat16 or
+  // kFloat16). Unused for the other dtypes, whose out has dtype.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t q_descale_batch_stride = 0, q_descale_head_stride = 0;
+  int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
+  int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
+  DType out_dtype = DType::kBFloat16;
+
+  bool is_fp8() const { return dtype == DType::kFloat8E4M3; }
+  // The element type of out.
+  DType output_dtype() const { return is_fp8() ? out_dtype : dtype; }
 
   bool is_varlen_q() const { return cu_seqlens_q != nullptr; }
   bool is_varlen_k() const { return cu_seqlens_k != nullptr; }
@@ -244,6 +263,7 @@ inline constexpr int dtype_size(DType dtype) {
     case DType::kBFloat16: return 2;
     case DType::kFloat32: return 4;
     case DType::kFloat64: return 8;
+    case DType::kFloat8E4M3: return 1;
   }
   return 0;
 }

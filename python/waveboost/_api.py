@@ -23,7 +23,7 @@ class _Adapter(NamedTuple):
     """How to allocate and find the stream for one framework's arrays."""
 
     name: str
-    empty: Callable[[Any, tuple, str], Any]  # (like, shape, "like" | "float32") -> new array on like's device
+    empty: Callable[[Any, tuple, str], Any]  # (like, shape, "like" | a dtype name) -> new array on like's device
     stream: Callable[[Any], int]  # array -> cudaStream_t as int (0 on the CPU)
     prepare: Callable[[Any, str], Any]  # (array, argument name) -> what nanobind receives
     finish: Callable[[Any, int], None]  # (out array, stream) -> make the result safe to hand back
@@ -50,7 +50,7 @@ def _torch_adapter() -> _Adapter:
     import torch
 
     def empty(like, shape, dtype):
-        return torch.empty(shape, dtype=like.dtype if dtype == "like" else torch.float32, device=like.device)
+        return torch.empty(shape, dtype=like.dtype if dtype == "like" else getattr(torch, dtype), device=like.device)
 
     # The raw-stream query is the cheap form of current_stream(device).cuda_stream (about 0.3 us
     # against 2-3 us), which counts in launch-bound calls; builds without it use the public API.
@@ -105,7 +105,7 @@ def _jax_adapter() -> _Adapter:
     import jax.numpy as jnp
 
     def empty(like, shape, dtype):
-        return jnp.empty(shape, dtype=like.dtype if dtype == "like" else jnp.float32, device=like.device)
+        return jnp.empty(shape, dtype=like.dtype if dtype == "like" else getattr(jnp, dtype), device=like.device)
 
     def prepare(x, arg):
         return x.block_until_ready()
@@ -247,6 +247,9 @@ def attention(
     out: Any = None,
     return_lse: bool = False,
     backend: str = "auto",
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
 ) -> Any:
     """Exact scaled dot-product attention, forward.
 
@@ -263,6 +266,11 @@ def attention(
             the scaled scores.
         backend: "auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma" or "decode" (see the README's
             backends table).
+        q_descale, k_descale, v_descale: FP8 only. q, k and v may be ``float8_e4m3fn`` (PyTorch, or
+            JAX outside ``jit``), run by the ``wgmma`` backend (Hopper, head dim 128, dense batches);
+            each holds values ``x / descale`` and is dequantized by its factor: a float, or a float32
+            array of shape (batch, heads_kv) (per batch and kv head) or of one element, on q's
+            device. ``out`` is then bfloat16 (or the float16/bfloat16 ``out`` given).
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse`` is true; arrays of ``q``'s framework.
@@ -293,12 +301,16 @@ def attention(
 
         return waveboost_torch.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
                                          return_lse=return_lse, backend=backend)
+    fp8 = _is_float8(q)
+    descales = (q_descale, k_descale, v_descale)
+    if not fp8 and any(d is not None for d in descales):
+        raise ValueError(f"q_descale, k_descale and v_descale apply to float8_e4m3fn inputs; q has dtype {q.dtype}")
     if backend in ("auto", "cpu") and _is_host_half(adapter, q, k, v, out):
         return _attention_host_half(adapter, q, k, v, causal, softmax_scale, out, return_lse)
     if adapter.name == "jax":
         from . import jax as waveboost_jax
 
-        if out is None and waveboost_jax.ffi_available():
+        if out is None and not fp8 and waveboost_jax.ffi_available():
             # XLA's own route: outputs from XLA, kernel on XLA's stream, no sync; works under jit too.
             return waveboost_jax.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
                                            return_lse=return_lse, backend=backend)
@@ -307,13 +319,17 @@ def attention(
     if out is not None and getattr(getattr(out, "flags", None), "writeable", True) is False:
         raise ValueError("out must be writeable; got a read-only array")
     if out is None:
-        out = adapter.empty(q, shape, "like")
+        out = adapter.empty(q, shape, "bfloat16" if fp8 else "like")
     lse = adapter.empty(q, (shape[0], shape[2], shape[1]), "float32") if return_lse else None
     stream = adapter.stream(q)
     prep = adapter.prepare
     args = (prep(q, "q"), prep(k, "k"), prep(v, "v"), prep(out, "out"), None if lse is None else prep(lse, "lse"))
+    if fp8:
+        batch, heads_kv = shape[0], _check_shape(k, "k")[2]
+        descales = tuple(None if d is None else prep(_descale_array(adapter, d, q, batch, heads_kv, name), name)
+                         for name, d in zip(("q_descale", "k_descale", "v_descale"), descales))
     try:
-        _waveboost.forward(*args, causal, softmax_scale, backend, stream)
+        _waveboost.forward(*args, causal, softmax_scale, backend, stream, *(descales if fp8 else ()))
     except TypeError as e:
         if "incompatible function arguments" not in str(e):
             raise
@@ -321,6 +337,36 @@ def attention(
         raise
     adapter.finish(out, stream)
     return (out, lse) if return_lse else out
+
+
+def _is_float8(x: Any) -> bool:
+    """Whether x's dtype is float8_e4m3fn (PyTorch, JAX); other float8 formats are refused later by name."""
+    return str(getattr(x, "dtype", "")).rsplit(".", 1)[-1] == "float8_e4m3fn"
+
+
+def _descale_array(adapter: _Adapter, d: Any, like: Any, batch: int, heads_kv: int, arg: str) -> Any:
+    """A descale factor as the float32 (batch, heads_kv) array the kernel reads: a float becomes one
+    (on like's device), an array of one element is repeated (stride 0 where the framework allows)."""
+    if isinstance(d, (int, float)) and not isinstance(d, bool):
+        if not math.isfinite(d):
+            raise ValueError(f"{arg} must be finite; got {d}")
+        if adapter.name == "torch":
+            import torch
+
+            return torch.full((1, 1), float(d), dtype=torch.float32, device=like.device).expand(batch, heads_kv)
+        import jax.numpy as jnp
+
+        return jnp.full((batch, heads_kv), float(d), dtype=jnp.float32, device=like.device)
+    if _adapter_for(d, arg).name != adapter.name:
+        raise TypeError(f"{arg} must be a float or a {adapter.name} array like q; got {type(d).__name__}")
+    shape = tuple(d.shape)
+    if shape != (batch, heads_kv):
+        if math.prod(shape) != 1:
+            raise ValueError(f"{arg} must have shape (batch, heads_kv) = ({batch}, {heads_kv}) or one element; "
+                             f"got shape {shape}")
+        d = d.reshape(1, 1)
+        d = d.expand(batch, heads_kv) if adapter.name == "torch" else d.repeat(batch, 0).repeat(heads_kv, 1)
+    return d
 
 
 def resolve_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str = "auto",

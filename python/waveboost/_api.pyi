@@ -3,7 +3,7 @@
 # The one exception, a generic DLPack producer in host memory, gives NumPy arrays; type it as
 # numpy.ndarray (np.from_dlpack) if a checker should know.
 
-from typing import Any, Literal, Optional, TypedDict, TypeVar, overload
+from typing import Any, Literal, Optional, TypedDict, TypeVar, Union, overload
 
 _Array = TypeVar("_Array")
 
@@ -49,7 +49,7 @@ KernelRecord = TypedDict("KernelRecord", {
     "backend": ResolvedBackend,
     "pass": Literal["forward", "backward"],
     "variant": str,
-    "dtype": Literal["float16", "bfloat16", "float32"],
+    "dtype": Literal["float16", "bfloat16", "float32", "float8_e4m3fn"],
     "head_dim": int,
     "min_compute_capability": int,
     "max_compute_capability": Optional[int],
@@ -80,6 +80,9 @@ def attention(
     out: Optional[_Array] = ...,
     return_lse: Literal[False] = ...,
     backend: BackendName = ...,
+    q_descale: Union[float, _Array, None] = ...,
+    k_descale: Union[float, _Array, None] = ...,
+    v_descale: Union[float, _Array, None] = ...,
 ) -> _Array: ...
 @overload
 def attention(
@@ -92,6 +95,9 @@ def attention(
     out: Optional[_Array] = ...,
     return_lse: Literal[True],
     backend: BackendName = ...,
+    q_descale: Union[float, _Array, None] = ...,
+    k_descale: Union[float, _Array, None] = ...,
+    v_descale: Union[float, _Array, None] = ...,
 ) -> tuple[_Array, _Array]: ...
 @overload
 def attention(
@@ -104,6 +110,9 @@ def attention(
     out: Optional[_Array] = ...,
     return_lse: bool,
     backend: BackendName = ...,
+    q_descale: Union[float, _Array, None] = ...,
+    k_descale: Union[float, _Array, None] = ...,
+    v_descale: Union[float, _Array, None] = ...,
 ) -> _Array | tuple[_Array, _Array]: ...
 def resolve_backend(
     q: _Array,

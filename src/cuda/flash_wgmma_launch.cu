@@ -23,6 +23,12 @@ Status wgmma_can_implement(const AttentionParams& p) {
   const KernelRecord* kernel = nullptr;
   if (Status s = check_kernel(p, Backend::kWgmma, &kernel); !s.ok()) return s;
   if (Status s = flash_sequence_layout_check(p, "wgmma", 1); !s.ok()) return s;
+  // e4m3 inputs have one kernel, the TMA one: K and V must be tensors TMA can describe.
+  if (p.is_fp8() && p.seqlen_k > 0 && !wgmma_tma_fits(p)) {
+    return Status::NotSupported(
+        "backend 'wgmma' reads float8_e4m3fn k and v through TMA: their batch, row and head strides must be positive "
+        "multiples of 16 bytes and their data 16-byte aligned");
+  }
   // kWgmmaBlockM = FlashWgmmaTraits::kBlockM of every instantiation (that header compiles for
   // sm_90a only); the launcher repeats this check with the traits' own value.
   return folded_grid_check(p, kWgmmaBlockM, "wgmma");
@@ -56,11 +62,12 @@ Status launch(const AttentionParams& p, const SplitKV& split, cudaStream_t s) {
 
 namespace {
 // The split-KV pieces of a call (split_kv_pieces over the wgmma grid). Sequence layouts (varlen,
-// seqused_k, paged) run unsplit: the pieces and their merge are laid out for dense batches.
+// seqused_k, paged) run unsplit: the pieces and their merge are laid out for dense batches; so do
+// e4m3 inputs (their TMA kernel runs whole rows).
 Status wgmma_split(const AttentionParams& p, SplitKV* split) {
   int multiprocessors = 0;
   if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
-  *split = p.is_dense() ? split_kv_pieces(p.batch * p.heads * ((p.seqlen_q + kWgmmaBlockM - 1) / kWgmmaBlockM),
+  *split = p.is_dense() && !p.is_fp8() ? split_kv_pieces(p.batch * p.heads * ((p.seqlen_q + kWgmmaBlockM - 1) / kWgmmaBlockM),
                                           (p.seqlen_k + kWgmmaBlockN - 1) / kWgmmaBlockN, multiprocessors)
                         : SplitKV{};
   return Status::Ok();
@@ -74,7 +81,8 @@ Status wgmma_plan(const AttentionParams& p, ForwardPlan* plan) {
   plan->merge = split.num_splits > 1 ? "combine-kernel" : "";
   // launch() tries the TMA kernel under the same conditions, and it declines exactly where
   // wgmma_tma_applies is false.
-  const bool tma = split.num_splits == 1 && use_tma_pipeline() && wgmma_tma_applies(p);
+  // (e4m3's one kernel is the table's general row for its dtype: no "tma" variant.)
+  const bool tma = !p.is_fp8() && split.num_splits == 1 && use_tma_pipeline() && wgmma_tma_applies(p);
   return plan_kernel(Backend::kWgmma, tma ? "tma" : "", p, plan);
 }
 

@@ -75,6 +75,8 @@ bool gradients_vector_friendly(const AttentionBackwardParams& p, int64_t element
 // Whether the wgmma TMA kernel ("tma" variant) takes p: a dense batch with keys whose K and V
 // TMA can describe (src/cuda/sm90/flash_wgmma_ws.cu; only in builds with sm_90a objects).
 bool wgmma_tma_applies(const AttentionParams& p);
+// The same without encoding the tensor maps (no driver call; the layout checks only).
+bool wgmma_tma_fits(const AttentionParams& p);
 
 // The table as public records (waveboost::kernel_table()).
 std::vector<KernelInfo> kernel_infos();

@@ -59,6 +59,7 @@ DTYPES = {
     "fp16": ("__half", "DType::kFloat16", "float16"),
     "bf16": ("__nv_bfloat16", "DType::kBFloat16", "bfloat16"),
     "fp32": ("float", "DType::kFloat32", "float32"),
+    "e4m3": ("__nv_fp8_e4m3", "DType::kFloat8E4M3", "float8_e4m3fn"),
 }
 
 
@@ -129,6 +130,13 @@ FAMILIES = {
         smem="FlashWgmmaWsDefaultTraits<{T}, {D}>::kSmemBytes", min_cc=90, max_cc=90,
         vector_elements={"fp16": 8, "bf16": 8}, variant="tma", sm90a=True,
         note="wgmma with a TMA producer warpgroup and an mbarrier ring; dense unsplit calls"),
+    "wgmma_fp8": Family(
+        backend="wgmma", passes="forward", header="waveboost/cuda/flash_wgmma_ws.cuh",
+        launch="launch_flash_wgmma_ws<{T}, {D}>(p, l.stream)", dtypes=("e4m3",), head_dims=(128,),
+        smem="FlashWgmmaWsDefaultTraits<{T}, {D}>::kSmemBytes", min_cc=90, max_cc=90,
+        vector_elements={"e4m3": 16}, sm90a=True,
+        note="e4m3 inputs on the TMA kernel, V transposed in shared memory by the producer warpgroup; "
+             "dense unsplit calls"),
     "decode": Family(
         backend="decode", passes="forward", header="waveboost/cuda/decode.cuh",
         launch="launch_decode<{T}, {D}>(p, *l.decode, l.stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),

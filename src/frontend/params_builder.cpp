@@ -46,6 +46,7 @@ std::string dtype_str(ElementType dt) {
     case ElementKind::kBFloat: kind = "bfloat"; break;
     case ElementKind::kComplex: kind = "complex"; break;
     case ElementKind::kBool: return "bool";
+    case ElementKind::kFloat8E4M3FN: return dt.bits == 8 && dt.lanes == 1 ? "float8_e4m3fn" : "float8_e4m3fn?";
     default: break;
   }
   std::string s = std::string(kind) + str(dt.bits);
@@ -71,6 +72,7 @@ std::optional<DType> to_dtype(ElementType dt) {
     if (dt.bits == 64) return DType::kFloat64;
   }
   if (dt.kind == ElementKind::kBFloat && dt.bits == 16) return DType::kBFloat16;
+  if (dt.kind == ElementKind::kFloat8E4M3FN && dt.bits == 8) return DType::kFloat8E4M3;
   return std::nullopt;
 }
 
@@ -123,8 +125,9 @@ void set_device(const TensorArg& t, DeviceType* type, int* id) {
 DType check_float_dtype(const TensorArg& t, const char* name) {
   const std::optional<DType> dtype = to_dtype(t.dtype);
   if (!dtype)
-    type_error(std::string(name) + " must have a floating-point dtype (float16, bfloat16, float32 or float64); got " +
-               dtype_str(t.dtype));
+    type_error(std::string(name) +
+               " must have a floating-point dtype (float16, bfloat16, float32, float64, or float8_e4m3fn for the "
+               "wgmma forward); got " + dtype_str(t.dtype));
   return *dtype;
 }
 
@@ -293,7 +296,8 @@ Backend backend_from_name(const std::string& name) {
 }
 
 AttentionParams forward_params(const TensorArg& q, const TensorArg& k, const TensorArg& v, const TensorArg* out_arg,
-                               const TensorArg* lse, bool causal, std::optional<double> softmax_scale) {
+                               const TensorArg* lse, bool causal, std::optional<double> softmax_scale,
+                               const Descales& descales) {
   check_ndim(q, "q", 4, "(batch, seqlen_q, heads, head_dim)");
   check_ndim(k, "k", 4, "(batch, seqlen_k, heads_kv, head_dim)");
   check_ndim(v, "v", 4, "(batch, seqlen_k, heads_kv, head_dim)");
@@ -302,8 +306,21 @@ AttentionParams forward_params(const TensorArg& q, const TensorArg& k, const Ten
   check_ndim(out, "out", 4, "(batch, seqlen_q, heads, head_dim)");
 
   const DType dtype = check_float_dtype(q, "q");
-  for (auto [t, name] : {std::pair{&k, "k"}, {&v, "v"}, {&out, "out"}})
-    check_same_dtype(*t, name, q, "q", "q, k, v and out must share one dtype");
+  const bool fp8 = dtype == DType::kFloat8E4M3;
+  for (auto [t, name] : {std::pair{&k, "k"}, {&v, "v"}})
+    check_same_dtype(*t, name, q, "q", "q, k, v and out must share one dtype (out: bfloat16 or float16 with "
+                                       "float8_e4m3fn inputs)");
+  DType out_dtype = fp8 ? DType::kBFloat16 : dtype;
+  if (!fp8) {
+    check_same_dtype(out, "out", q, "q", "q, k, v and out must share one dtype");
+  } else if (out_arg != nullptr) {
+    const std::optional<DType> given = to_dtype(out.dtype);
+    if (given != DType::kBFloat16 && given != DType::kFloat16)
+      type_error("out must be bfloat16 or float16 for float8_e4m3fn q, k, v; got " + dtype_str(out.dtype));
+    out_dtype = *given;
+  }
+  if (descales.any() && !fp8)
+    value_error("q_descale, k_descale and v_descale apply to float8_e4m3fn inputs; q has dtype " + dtype_str(q.dtype));
   check_device_supported(q, "q");
   check_same_device(k, "k", q);
   check_same_device(v, "v", q);
@@ -345,6 +362,20 @@ AttentionParams forward_params(const TensorArg& q, const TensorArg& k, const Ten
   p.softmax_scale = checked_scale(softmax_scale, 1.0 / std::sqrt(static_cast<double>(head_dim)));
   p.is_causal = causal;
   p.dtype = dtype;
+  p.out_dtype = out_dtype;
+  for (auto [t, name, data, batch_stride, head_stride] :
+       {std::tuple{descales.q, "q_descale", &p.q_descale, &p.q_descale_batch_stride, &p.q_descale_head_stride},
+        {descales.k, "k_descale", &p.k_descale, &p.k_descale_batch_stride, &p.k_descale_head_stride},
+        {descales.v, "v_descale", &p.v_descale, &p.v_descale_batch_stride, &p.v_descale_head_stride}}) {
+    if (t == nullptr) continue;
+    check_ndim(*t, name, 2, "(batch, heads_kv)");
+    check_float32(*t, name);
+    check_same_device(*t, name, q);
+    check_dim(*t, name, 0, "batch", batch, "q's batch");
+    check_dim(*t, name, 1, "heads_kv", heads_kv, "k's heads_kv");
+    *data = static_cast<const float*>(t->data);
+    *batch_stride = t->strides[0], *head_stride = t->strides[1];
+  }
   set_device(q, &p.device_type, &p.device_id);
   return p;
 }

@@ -18,7 +18,16 @@
 namespace waveboost::frontend {
 
 // Element type codes and device types with DLPack's numbering (what nanobind hands over as is).
-enum class ElementKind : uint8_t { kInt = 0, kUInt = 1, kFloat = 2, kOpaque = 3, kBFloat = 4, kComplex = 5, kBool = 6 };
+enum class ElementKind : uint8_t {
+  kInt = 0,
+  kUInt = 1,
+  kFloat = 2,
+  kOpaque = 3,
+  kBFloat = 4,
+  kComplex = 5,
+  kBool = 6,
+  kFloat8E4M3FN = 10,  // DLPack 1.1's kDLFloat8_e4m3fn (torch.float8_e4m3fn, jnp.float8_e4m3fn)
+};
 
 struct ElementType {
   ElementKind kind = ElementKind::kFloat;
@@ -61,11 +70,22 @@ class ArgumentError : public std::exception {
 // The backend `name` stands for; "backend must be one of 'auto', 'cpu', ...; got 'x'" otherwise.
 Backend backend_from_name(const std::string& name);
 
+// The descale factors of float8_e4m3fn q, k, v: float32 (batch, heads_kv) each, any strides (0
+// repeats a value), or null for 1.
+struct Descales {
+  const TensorArg* q = nullptr;
+  const TensorArg* k = nullptr;
+  const TensorArg* v = nullptr;
+  bool any() const { return q != nullptr || k != nullptr || v != nullptr; }
+};
+
 // Dense forward: q (batch, seqlen_q, heads, head_dim), k and v (batch, seqlen_k, heads_kv,
 // head_dim), out like q, lse float32 (batch, heads, seqlen_q). Without `out` (a backend query)
-// the params describe the contiguous output a call would allocate.
+// the params describe the contiguous output a call would allocate (float8_e4m3fn inputs: in
+// bfloat16). With float8_e4m3fn q, k, v, out is bfloat16 or float16 and `descales` may be given.
 AttentionParams forward_params(const TensorArg& q, const TensorArg& k, const TensorArg& v, const TensorArg* out,
-                               const TensorArg* lse, bool causal, std::optional<double> softmax_scale);
+                               const TensorArg* lse, bool causal, std::optional<double> softmax_scale,
+                               const Descales& descales = {});
 
 // Backward: the forward's checks plus those of dout, dlse and the three gradients, which must not
 // overlap each other or any input.

@@ -111,18 +111,24 @@ NB_MODULE(_waveboost, m) {
   m.def(
       "forward",
       [](InputTensor q, InputTensor k, InputTensor v, OutputTensor out, std::optional<OutputTensor> lse,
-         bool causal, std::optional<double> softmax_scale, const std::string& backend, uintptr_t stream) {
+         bool causal, std::optional<double> softmax_scale, const std::string& backend, uintptr_t stream,
+         std::optional<InputTensor> q_descale, std::optional<InputTensor> k_descale,
+         std::optional<InputTensor> v_descale) {
         const Backend b = backend_from_name(backend);
         const TensorArg out_arg = describe(InputTensor(out));
         const std::optional<TensorArg> lse_arg = describe(lse);
-        const AttentionParams p = waveboost::frontend::forward_params(describe(q), describe(k), describe(v), &out_arg,
-                                                                      ptr(lse_arg), causal, softmax_scale);
+        const std::optional<TensorArg> qd = describe(q_descale), kd = describe(k_descale), vd = describe(v_descale);
+        const AttentionParams p =
+            waveboost::frontend::forward_params(describe(q), describe(k), describe(v), &out_arg, ptr(lse_arg), causal,
+                                                softmax_scale, {ptr(qd), ptr(kd), ptr(vd)});
         without_gil([&] { return waveboost::attention_forward(p, b, reinterpret_cast<void*>(stream)); });
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(), nb::arg("causal"),
-      nb::arg("softmax_scale").none(), nb::arg("backend"), nb::arg("stream"),
+      nb::arg("softmax_scale").none(), nb::arg("backend"), nb::arg("stream"), nb::arg("q_descale").none() = nb::none(),
+      nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
       "Writes attention(q, k, v) into `out` (and the logsumexp into `lse` when given), "
-      "on `stream` (a cudaStream_t as an integer; 0 = legacy default) for CUDA tensors.");
+      "on `stream` (a cudaStream_t as an integer; 0 = legacy default) for CUDA tensors; float8_e4m3fn q, k, v "
+      "with optional float32 (batch, heads_kv) descale factors.");
 
   m.def(
       "resolve_backend",

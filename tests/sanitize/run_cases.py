@@ -14,7 +14,7 @@ Outputs come from torch.empty (uninitialized) and are read afterwards, so an ele
 write shows up as an initcheck error; the script also fails on a NaN in out or lse (inputs are finite).
 It checks no numerics beyond that: tests/ does. Exit status 0 and a last line "run_cases: N calls OK".
 
-    python tests/sanitize/run_cases.py [--list] [--backward-only] [--serving-only]
+    python tests/sanitize/run_cases.py [--list] [--backward-only] [--serving-only] [--fp8-only]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 import waveboost
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "e4m3": torch.float8_e4m3fn}
 PATH_DTYPES = {"naive": ["fp16", "bf16", "fp32"], "simt": ["fp16", "bf16", "fp32"], "wmma": ["fp16", "bf16"],
                "mma": ["fp16", "bf16"]}
 # (batch, seqlen_q, seqlen_k, heads, heads_kv): tails everywhere; B has seqlen_q > seqlen_k, so causal
@@ -63,6 +63,11 @@ def cases():
     # Head dim 64 from 2048 query rows: the TMA kernel's blocks of 192 rows (three consumer
     # warpgroups), a partial last block, causal rows that see no key.
     out += [("wgmma", "fp16", (1, 2200, 1900, 6, 2), 64, True, "contiguous")]
+    # wgmma's e4m3 kernel (head dim 128, TMA, V transposed in shared memory): tails, rows with no key, a
+    # BHSD view, no keys at all, and enough key tiles that the rings wrap.
+    out += [("wgmma", "e4m3", SHAPE_A, 128, True, "contiguous"), ("wgmma", "e4m3", SHAPE_B, 128, True, "bhsd"),
+            ("wgmma", "e4m3", (4, 256, 601, 16, 4), 128, False, "contiguous"),
+            ("wgmma", "e4m3", (2, 33, 0, 4, 2), 128, False, "contiguous")]
     # wgmma's split-KV (small grids, long keys): pieces with tails and empty causal rows, and the merge.
     out += [("wgmma", "fp16", (1, 200, 700, 2, 1), 128, True, "contiguous"),
             ("wgmma", "bf16", (2, 37, 653, 4, 2), 64, False, "bhsd")]
@@ -118,7 +123,7 @@ def run(case, g):
     q = make((b, lq, h, d), dtype, layout, g)
     k = make((b, lk, hkv, d), dtype, layout, g)
     v = make((b, lk, hkv, d), dtype, layout, g)
-    out = torch.empty(b, lq, h, d, device="cuda", dtype=dtype)
+    out = torch.empty(b, lq, h, d, device="cuda", dtype=torch.bfloat16 if dname == "e4m3" else dtype)
     if layout == "unaligned" and path in VECTOR_PATHS:  # the documented refusal: nothing is launched
         try:
             waveboost.attention(q, k, v, causal=causal, out=out, backend=path)
@@ -226,19 +231,22 @@ def main():
         print("wgmma cases skipped: backend 'wgmma' needs compute capability 9.0", flush=True)
         all_cases = [c for c in all_cases if c[0] != "wgmma"]
     g = torch.Generator(device="cuda").manual_seed(0)
-    if "--backward-only" in sys.argv:  # the attention_backward calls alone
-        all_cases = []
-    serving_only = "--serving-only" in sys.argv  # the serving calls (decode, kv cache, varlen, merge) alone
-    launched = 0
-    for case in [] if serving_only else all_cases:
-        launched += run(case, g)
-    bwd_cases = [] if serving_only else backward_cases()
+    fwd_cases, bwd_cases, with_serving = all_cases, backward_cases(), torch.cuda.get_device_capability() >= (8, 0)
     if torch.cuda.get_device_capability() != (9, 0):
         bwd_cases = [c for c in bwd_cases if c[0] != "wgmma"]
+    if "--backward-only" in sys.argv:  # the attention_backward calls alone
+        fwd_cases = []
+    if "--serving-only" in sys.argv:  # the serving calls (decode, kv cache, varlen, merge) alone
+        fwd_cases, bwd_cases = [], []
+    if "--fp8-only" in sys.argv:  # the float8_e4m3fn forward calls alone
+        fwd_cases, bwd_cases, with_serving = [c for c in fwd_cases if c[1] == "e4m3"], [], False
+    launched = 0
+    for case in fwd_cases:
+        launched += run(case, g)
     for case in bwd_cases:
         launched += run_backward(case, g)
-    all_cases = ([] if serving_only else all_cases) + bwd_cases
-    serving = serving_calls(g) if torch.cuda.get_device_capability() >= (8, 0) else []
+    all_cases = fwd_cases + bwd_cases
+    serving = serving_calls(g) if with_serving else []
     for name, call in serving:
         result = call()
         torch.cuda.synchronize()

@@ -29,6 +29,8 @@
 // registers (S 64 + O D/2 + P 32 per thread).
 #pragma once
 
+#include <cuda_fp8.h>
+
 #include <cstdint>
 #include <type_traits>
 
@@ -60,16 +62,24 @@ struct FlashWgmmaTraits {
   // holds S 64 + O 64 floats + P 32 registers per thread.
   static constexpr int kBlockN = kWgmmaBlockN;
 
+  // wgmma's K: 16 for 16-bit elements, 32 for 8-bit ones (32 B of a row either way).
+  static constexpr int kSliceK = 32 / int(sizeof(Element));
+  // 8-bit products read both operands K-major (PTX has no transposed 8-bit B), so P V reads V^T:
+  // the warp-specialized kernel's producer transposes each V tile in shared memory.
+  static constexpr bool kValuesTransposed = sizeof(Element) == 1;
+
   static constexpr int kScoreRegs = kBlockN / 2;      // S accumulators per thread (64 x kBlockN / 128)
   static constexpr int kOutRegs = kHeadDim / 2;       // O accumulators per thread
   static constexpr int kKeyTiles = kBlockN / 8;       // 8-column groups of S
-  static constexpr int kKeySlices = kBlockN / 16;     // k16 slices of P V
-  static constexpr int kDimSlices = kHeadDim / 16;    // k16 slices of Q K^T
+  static constexpr int kKeySlices = kBlockN / kSliceK;   // k slices of P V
+  static constexpr int kDimSlices = kHeadDim / kSliceK;  // k slices of Q K^T
 
-  // Tiles are stored as kHeadDim / 64 panels of 64 columns; a panel row is 128 B, the width
-  // of the 128 B swizzle, and panel p of a tile with R rows starts p * R * 128 B in.
-  static constexpr int kPanelCols = 64;
+  // Tiles are stored as panels of kPanelCols columns (64 16-bit or 128 8-bit elements); a panel
+  // row is 128 B, the width of the 128 B swizzle, and panel p of a tile with R rows starts
+  // p * R * 128 B in.
   static constexpr int kRowBytes = 128;
+  static constexpr int kPanelCols = kRowBytes / int(sizeof(Element));
+  static constexpr int kSlicesPerPanel = kPanelCols / kSliceK;  // 4: a k slice is 32 B of a row
   static constexpr int kChunk = 16 / int(sizeof(Element));  // elements per 16 B chunk
   static constexpr int kChunksPerRow = kHeadDim / kChunk;
   static constexpr int kRowsPerCopyPass = kThreads / kChunksPerRow;
@@ -83,8 +93,8 @@ struct FlashWgmmaTraits {
   static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kAtomBytes;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
-  static_assert(sizeof(Element) == 2, "16-bit elements");
-  static_assert(kPanelCols * int(sizeof(Element)) == kRowBytes, "a panel row is one 128 B swizzle row");
+  static_assert(sizeof(Element) == 2 || sizeof(Element) == 1, "16-bit or 8-bit elements");
+  static_assert(kHeadDim % kPanelCols == 0, "whole panels");
   // A copy pass covers a multiple of 8 rows, so a thread's chunk swizzle is the same every pass.
   static_assert(kRowsPerCopyPass % 8 == 0 && kBlockM % kRowsPerCopyPass == 0);
   // Tiles and panels are whole atoms, so every tile and panel start stays 1024 B aligned.
@@ -166,6 +176,7 @@ __device__ __forceinline__ void load_kv_tile(uint32_t tile, const AttentionParam
 // wrote), after its own copies have completed: no other thread's data is touched.
 template <typename Traits>
 __device__ __forceinline__ void negate_own_q_chunks(unsigned char* q_tile) {
+  constexpr uint32_t kSignBits = sizeof(typename Traits::Element) == 1 ? 0x80808080u : kSignBitsHalf2;
   const int chunk = threadIdx.x % Traits::kChunksPerRow;
   const int row = threadIdx.x / Traits::kChunksPerRow;
   const uint32_t offset = tile_offset<Traits, Traits::kBlockM>(row, chunk);
@@ -173,7 +184,7 @@ __device__ __forceinline__ void negate_own_q_chunks(unsigned char* q_tile) {
   for (int i = 0; i < Traits::kBlockM / Traits::kRowsPerCopyPass; ++i) {
     uint4* x = reinterpret_cast<uint4*>(q_tile + offset + i * Traits::kRowsPerCopyPass * Traits::kRowBytes);
     uint4 v = *x;
-    v.x ^= kSignBitsHalf2, v.y ^= kSignBitsHalf2, v.z ^= kSignBitsHalf2, v.w ^= kSignBitsHalf2;
+    v.x ^= kSignBits, v.y ^= kSignBits, v.z ^= kSignBits, v.w ^= kSignBits;
     *x = v;
   }
 }
@@ -182,30 +193,69 @@ __device__ __forceinline__ void negate_own_q_chunks(unsigned char* q_tile) {
 // The two products (issue only; the caller commits and waits)
 // ----------------------------------------------------------------------------
 
-// S = Q K^T for the warpgroup's 64 rows. q_desc / k_desc describe column 0 of the warpgroup's
-// Q rows / of the K tile. k16 slice kk sits in panel kk / 4, 32 B * (kk % 4) into each row.
-template <typename Traits>
-__device__ __forceinline__ void issue_scores(float (&s)[Traits::kScoreRegs], uint64_t q_desc, uint64_t k_desc) {
-  using Element = typename Traits::Element;
-  wgmma::mma_m64n128k16_ss<Element, false>(s, q_desc, k_desc);
-#pragma unroll
-  for (int kk = 1; kk < Traits::kDimSlices; ++kk) {
-    const uint32_t in_row = (kk % 4) * 32;
-    wgmma::mma_m64n128k16_ss<Element, true>(
-        s, wgmma::advance(q_desc, (kk / 4) * Traits::kBlockM * Traits::kRowBytes + in_row),
-        wgmma::advance(k_desc, (kk / 4) * Traits::kBlockN * Traits::kRowBytes + in_row));
+// One k slice of S = Q K^T: k16 for 16-bit elements, k32 for e4m3.
+template <typename Element, bool kAccumulate>
+__device__ __forceinline__ void issue_score_slice(float (&s)[64], uint64_t q_desc, uint64_t k_desc) {
+  if constexpr (sizeof(Element) == 1) {
+    wgmma::mma_m64n128k32_ss_e4m3<kAccumulate>(s, q_desc, k_desc);
+  } else {
+    wgmma::mma_m64n128k16_ss<Element, kAccumulate>(s, q_desc, k_desc);
   }
 }
 
-// O += P V. p[ks] is the A fragment of keys 16 ks .. 16 ks + 15; their V rows start 16 ks
-// rows (two atoms) into the tile.
+// S = Q K^T for the warpgroup's 64 rows. q_desc / k_desc describe column 0 of the warpgroup's
+// Q rows / of the K tile. k slice kk sits in panel kk / 4, 32 B * (kk % 4) into each row.
+template <typename Traits>
+__device__ __forceinline__ void issue_scores(float (&s)[Traits::kScoreRegs], uint64_t q_desc, uint64_t k_desc) {
+  using Element = typename Traits::Element;
+  issue_score_slice<Element, false>(s, q_desc, k_desc);
+#pragma unroll
+  for (int kk = 1; kk < Traits::kDimSlices; ++kk) {
+    const uint32_t in_row = (kk % Traits::kSlicesPerPanel) * 32;
+    const uint32_t panel = kk / Traits::kSlicesPerPanel;
+    issue_score_slice<Element, true>(s, wgmma::advance(q_desc, panel * Traits::kBlockM * Traits::kRowBytes + in_row),
+                                     wgmma::advance(k_desc, panel * Traits::kBlockN * Traits::kRowBytes + in_row));
+  }
+}
+
+// O += P V. p[ks] is the A fragment of k slice ks. 16-bit: keys 16 ks .. 16 ks + 15, whose V
+// rows start 16 ks rows (two atoms) into the MN-major tile. e4m3: the 32 keys of slice ks are
+// 32 B into each row of the K-major V^T tile (one panel of head_dim rows, kValuesTransposed).
 template <typename Traits>
 __device__ __forceinline__ void issue_pv(float (&o)[Traits::kOutRegs], const uint32_t (&p)[Traits::kKeySlices][4],
                                          uint64_t v_desc) {
 #pragma unroll
   for (int ks = 0; ks < Traits::kKeySlices; ++ks) {
-    wgmma::mma_m64nNk16_rs_tb<typename Traits::Element, Traits::kHeadDim>(
-        o, p[ks], wgmma::advance(v_desc, ks * 16 * Traits::kRowBytes));
+    if constexpr (Traits::kValuesTransposed) {
+      wgmma::mma_m64nNk32_rs_e4m3<Traits::kHeadDim>(o, p[ks], wgmma::advance(v_desc, ks * 32));
+    } else {
+      wgmma::mma_m64nNk16_rs_tb<typename Traits::Element, Traits::kHeadDim>(
+          o, p[ks], wgmma::advance(v_desc, ks * 16 * Traits::kRowBytes));
+    }
+  }
+}
+
+// P (the probabilities in S's accumulators, in [0, 1]) as e4m3 A fragments of k32 slices.
+// Register 2 j + r of slice ks holds row r's columns of 8-column groups 4 ks + 2 j and
+// 4 ks + 2 j + 1, bytes (group 2j: 2t, 2t + 1; group 2j + 1: 2t, 2t + 1). As an A fragment that
+// register is row r's columns 16 j + 4 t .. 16 j + 4 t + 3 of the slice: so the slice's column
+// 16 j + 4 t + b stands for key 16 j + 8 (b / 2) + 2 t + b % 2, and the producer writes V^T's
+// key columns in that order (transpose_values), which makes P V exact with no shuffle of P.
+template <typename Traits>
+__device__ __forceinline__ void pack_e4m3(const float (&s)[Traits::kScoreRegs],
+                                          uint32_t (&p)[Traits::kKeySlices][4]) {
+  using F = typename Traits::ScoreFragments;
+#pragma unroll
+  for (int ks = 0; ks < Traits::kKeySlices; ++ks) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int nt = 4 * ks + 2 * j;
+        p[ks][2 * j + r] = wgmma::pack_e4m3x4(F::at(s, r, nt, 0), F::at(s, r, nt, 1), F::at(s, r, nt + 1, 0),
+                                       F::at(s, r, nt + 1, 1));
+      }
+    }
   }
 }
 
@@ -259,7 +309,11 @@ __device__ __forceinline__ void attend_tile(float (&o)[Traits::kOutRegs], uint32
   // P into the A registers of P(i-1), free now that its product has landed: reusing them
   // is what keeps the compiler from serializing the wgmma pipeline (ptxas would otherwise
   // see registers of an in-flight wgmma being redefined).
-  Softmax::template pack<typename Traits::Element>(s, p_prev);
+  if constexpr (Traits::kValuesTransposed) {
+    pack_e4m3<Traits>(s, p_prev);
+  } else {
+    Softmax::template pack<typename Traits::Element>(s, p_prev);
+  }
 }
 
 // The last product, P(n-1) V(n-1), once V(n-1) has landed.
@@ -279,22 +333,24 @@ __device__ __forceinline__ void attend_last_values(float (&o)[Traits::kOutRegs],
 // 16 B row-contiguous stores: every S product (the only reader of Q) of the warp's warpgroup has
 // completed, so the rows are free, and only this warp touches them now. Fragment writes: a quad
 // fills one 16 B chunk, eight rows with distinct swizzles: conflict-free.
-template <typename Traits, typename Softmax>
+// OutElement (16-bit) may differ from the inputs' Element (e4m3): `staging` then holds kBlockM
+// rows of 16-bit O in the layout of a 16-bit Q tile, the caller's choice of free memory.
+template <typename Traits, typename OutElement = typename Traits::Element, typename Softmax>
 __device__ __forceinline__ void write_block_output(const AttentionParams& p, const FlashBlock& blk,
                                                    const float (&o)[Traits::kOutRegs],
                                                    const float (&inv_sum)[Softmax::kRows], const Softmax& softmax,
-                                                   unsigned char* q_smem, int warp_row, int64_t warp_m0, int lane) {
-  using Element = typename Traits::Element;
+                                                   unsigned char* staging, int warp_row, int64_t warp_m0, int lane) {
+  using Stage = FlashWgmmaTraits<OutElement, Traits::kHeadDim, Traits::kBlockM>;
   const int g = lane / 4;
   const int t = lane % 4;
   write_lse(p, blk, warp_m0 + g, softmax, t);
-  stage_output<typename Traits::OutFragments, Element>(o, inv_sum, g, t, [&](int row, int dt) {
-    return reinterpret_cast<uint32_t*>(q_smem + tile_offset<Traits, Traits::kBlockM>(warp_row + row, dt));
+  stage_output<typename Traits::OutFragments, OutElement>(o, inv_sum, g, t, [&](int row, int dt) {
+    return reinterpret_cast<uint32_t*>(staging + tile_offset<Stage, Stage::kBlockM>(warp_row + row, dt));
   });
   __syncwarp();
-  store_staged_rows<16, Traits::kChunksPerRow>(
-      blk.o_row<Element>(p, warp_m0), p.o_row_stride, blk.seqlen_q - warp_m0, lane, [&](int row, int chunk) {
-        return q_smem + tile_offset<Traits, Traits::kBlockM>(warp_row + row, chunk);
+  store_staged_rows<16, Stage::kChunksPerRow>(
+      blk.o_row<OutElement>(p, warp_m0), p.o_row_stride, blk.seqlen_q - warp_m0, lane, [&](int row, int chunk) {
+        return staging + tile_offset<Stage, Stage::kBlockM>(warp_row + row, chunk);
       });
 }
 

@@ -49,17 +49,30 @@ struct FlashWgmmaWsTraits : FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_> {
   static constexpr int kConsumerThreads = Base::kThreads;  // warpgroups 0 .. kWarpgroups - 1
   static constexpr int kBlockThreads = kConsumerThreads + 128;
   static constexpr int kConsumerWarps = kConsumerThreads / 32;
-  static constexpr int kProducerRegisters = 24;
-  // What the register file leaves the consumers, rounded down to setmaxnreg's multiple of 8 and at most 240.
+  // e4m3: producer warps 1-3 transpose each V tile into a ring of V^T tiles (transpose_values),
+  // which P V reads; their loop needs more registers than the TMA thread's.
+  static constexpr bool kTransposes = Base::kValuesTransposed;
+  static constexpr int kTransposerWarps = 3;
+  static constexpr int kTransposerThreads = 32 * kTransposerWarps;
+  static constexpr int kProducerRegisters = kTransposes ? 64 : 24;
+  // setmaxnreg moves registers within the block's launch allocation (kLaunchRegisters per thread:
+  // the register file over the block's threads, in multiples of 8); an increase past what the
+  // producer's decrease freed never completes. So the consumers get what the producer leaves of
+  // that allocation, rounded down to a multiple of 8, at most 240.
+  static constexpr int kLaunchRegisters = 65536 / kBlockThreads / 8 * 8;
+  static constexpr int kPooledRegisters = kLaunchRegisters * kBlockThreads - kProducerRegisters * 128;
   static constexpr int kConsumerRegisters =
-      (65536 - kProducerRegisters * 128) / kConsumerThreads / 8 * 8 > 240
-          ? 240
-          : (65536 - kProducerRegisters * 128) / kConsumerThreads / 8 * 8;
-  static_assert(kConsumerRegisters * kConsumerThreads + kProducerRegisters * 128 <= 65536, "register file");
-  // Q, kStages K tiles, kStages V tiles, 4 kStages barriers of 8 B, and the alignment slack.
-  static constexpr int kBarrierBytes = 4 * kStages * 8;
+      kPooledRegisters / kConsumerThreads / 8 * 8 > 240 ? 240 : kPooledRegisters / kConsumerThreads / 8 * 8;
+  static_assert(kConsumerRegisters * kConsumerThreads + kProducerRegisters * 128 <= kLaunchRegisters * kBlockThreads,
+                "register file");
+  // Q, kStages K tiles, kStages V tiles (and with kTransposes kStages V^T tiles), 4 kStages
+  // barriers of 8 B (6 kStages), and the alignment slack.
+  static constexpr int kRings = kTransposes ? 3 : 2;
+  static constexpr int kBarrierBytes = 2 * kRings * kStages * 8;
   static constexpr int kSmemBytes =
-      Base::kQTileBytes + 2 * kStages * Base::kKVTileBytes + kBarrierBytes + Base::kAtomBytes;
+      Base::kQTileBytes + kRings * kStages * Base::kKVTileBytes + kBarrierBytes + Base::kAtomBytes;
+  // The e4m3 epilogue stages O (16-bit, twice the bytes of a V tile row) in the V ring.
+  static_assert(!kTransposes || kStages * Base::kKVTileBytes >= 2 * Base::kBlockM * kHeadDim_, "O staging");
   static constexpr int kPanels = kHeadDim_ / Base::kPanelCols;
 };
 
@@ -68,12 +81,57 @@ namespace flash_wgmma_ws {
 // Shared addresses of the ring: tiles and barriers.
 template <typename Traits>
 struct Ring {
-  uint32_t q_tile, k_tile, v_tile, barriers;
+  uint32_t q_tile, k_tile, v_tile, vt_tile, barriers;
   __device__ __forceinline__ uint32_t full_k(int s) const { return barriers + 8 * s; }
   __device__ __forceinline__ uint32_t full_v(int s) const { return barriers + 8 * (Traits::kStages + s); }
   __device__ __forceinline__ uint32_t empty_k(int s) const { return barriers + 8 * (2 * Traits::kStages + s); }
   __device__ __forceinline__ uint32_t empty_v(int s) const { return barriers + 8 * (3 * Traits::kStages + s); }
+  // kTransposes: V^T tile s written (the transposer threads) / read (one arrival per consumer warp).
+  __device__ __forceinline__ uint32_t full_vt(int s) const { return barriers + 8 * (4 * Traits::kStages + s); }
+  __device__ __forceinline__ uint32_t empty_vt(int s) const { return barriers + 8 * (5 * Traits::kStages + s); }
+  // The barriers the products wait on and release for the values they read (V, or V^T).
+  __device__ __forceinline__ uint32_t values_full(int s) const { return Traits::kTransposes ? full_vt(s) : full_v(s); }
+  __device__ __forceinline__ uint32_t values_empty(int s) const {
+    return Traits::kTransposes ? empty_vt(s) : empty_v(s);
+  }
 };
+
+// V^T of one e4m3 V tile (kBlockN = 128 keys x head_dim 128: one 128 B-swizzled panel, as TMA
+// wrote it) into the K-major layout P V reads (head_dim rows of 128 keys, 128 B swizzle), keys in
+// the column order of pack_e4m3's P: in each 16 keys, 4 B word t of a row holds keys 2t, 2t+1,
+// 8+2t, 9+2t. Work item (u, dq): keys 16u .. 16u+15 x columns 4dq .. 4dq+3, lane = dq, items u
+// dealt over the transposer warps. Loads of a key row are 32 distinct banks (the row's 32 words);
+// a quarter warp's 16 B stores go to 8 distinct 16 B bank groups because each lane starts its
+// four output rows at a different one ((m + dq / 2) % 4), so neither side conflicts.
+template <typename Traits>
+__device__ __forceinline__ void transpose_values(uint32_t raw, uint32_t vt, int warp, int lane) {
+  static_assert(Traits::kHeadDim == 128 && Traits::kBlockN == 128 && Traits::kRowBytes == 128, "one panel of 128");
+  const int dq = lane;
+  for (int u = warp; u < Traits::kBlockN / 16; u += Traits::kTransposerWarps) {
+    uint32_t in[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const uint32_t at = raw + (16 * u + k) * 128 + (((dq >> 2) ^ (k & 7)) << 4) + ((dq & 3) << 2);
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(in[k]) : "r"(at));
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int jj = (m + (dq >> 1)) & 3;  // byte jj of each word: column d of V, row d of V^T
+      const int d = 4 * dq + jj;
+      const uint32_t select = static_cast<uint32_t>(jj | ((jj + 4) << 4));
+      uint32_t w[4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const uint32_t x = __byte_perm(in[2 * t], in[2 * t + 1], select);
+        const uint32_t y = __byte_perm(in[8 + 2 * t], in[9 + 2 * t], select);
+        w[t] = __byte_perm(x, y, 0x5410);
+      }
+      const uint32_t at = vt + d * 128 + ((u ^ (d & 7)) << 4);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
+    }
+  }
+}
 
 // Producer: loads the tile of visit i (key tile tile_end - 1 - i) into buffer i % kStages
 // once the consumers have released that buffer's previous tile. The map's rows are the
@@ -115,6 +173,7 @@ __device__ __forceinline__ void zero_rows_past(uint32_t tile, int first_row) {
 template <typename Traits, typename Mask, bool kSequences>
 __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUtensorMap* k_map,
                                              const CUtensorMap* v_map) {
+  static_assert(!(Traits::kTransposes && kSequences), "e4m3 runs dense batches");
   using Element = typename Traits::Element;
   using Softmax = OnlineSoftmax<typename Traits::ScoreFragments>;
   constexpr int kBlockM = Traits::kBlockM;
@@ -130,14 +189,20 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
   ring.q_tile = raw_address + align_pad;
   ring.k_tile = ring.q_tile + Traits::kQTileBytes;
   ring.v_tile = ring.k_tile + kStages * Traits::kKVTileBytes;
-  ring.barriers = ring.v_tile + kStages * Traits::kKVTileBytes;
+  ring.vt_tile = ring.v_tile + kStages * Traits::kKVTileBytes;
+  ring.barriers = ring.v_tile + (Traits::kRings - 1) * kStages * Traits::kKVTileBytes;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::barrier_init(ring.full_k(s), 1);
       tma::barrier_init(ring.full_v(s), 1);
       tma::barrier_init(ring.empty_k(s), Traits::kConsumerWarps);
-      tma::barrier_init(ring.empty_v(s), Traits::kConsumerWarps);
+      // V is read by the products, or with kTransposes by the transposer threads.
+      tma::barrier_init(ring.empty_v(s), Traits::kTransposes ? Traits::kTransposerThreads : Traits::kConsumerWarps);
+      if constexpr (Traits::kTransposes) {
+        tma::barrier_init(ring.full_vt(s), Traits::kTransposerThreads);
+        tma::barrier_init(ring.empty_vt(s), Traits::kConsumerWarps);
+      }
     }
     tma::fence_barrier_init();
   }
@@ -163,6 +228,22 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
       }
       produce_tile<Traits>(v_map, ring.v_tile, full_v, empty_v, n_visits - 1, tile_end, blk);
     }
+    if constexpr (Traits::kTransposes) {
+      const int producer_warp = (threadIdx.x - Traits::kConsumerThreads) / 32;
+      if (producer_warp >= 1) {
+        for (int i = 0; i < n_visits; ++i) {
+          const int stage = i % kStages;
+          const uint32_t phase = (i / kStages) & 1;
+          tma::wait(ring.full_v(stage), phase);        // V(i) landed
+          tma::wait(ring.empty_vt(stage), phase ^ 1);  // P(i - kStages) V(i - kStages) has read the V^T buffer
+          transpose_values<Traits>(ring.v_tile + stage * Traits::kKVTileBytes,
+                                   ring.vt_tile + stage * Traits::kKVTileBytes, producer_warp - 1, threadIdx.x % 32);
+          wgmma::fence_proxy_async();  // this thread's V^T writes, visible to the products that wait below
+          tma::arrive(ring.full_vt(stage));
+          tma::arrive(ring.empty_v(stage));
+        }
+      }
+    }
     return;
   }
   tma::registers_grow<Traits::kConsumerRegisters>();
@@ -182,20 +263,36 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
   Softmax softmax;
   softmax.init();
 
+  // The scale of the scores in log2 units; e4m3 inputs fold their q and k descale factors into
+  // it (and v's into the output). A negative scale negates Q (core/softmax.cuh).
+  float v_descale = 1.f;
+  double scale = p.softmax_scale;
+  if constexpr (Traits::kTransposes) {
+    const auto descale = [&](const float* x, int64_t batch_stride, int64_t head_stride) {
+      return x == nullptr ? 1.f : x[blk.b * batch_stride + blk.h_kv * head_stride];
+    };
+    scale *= static_cast<double>(descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride)) *
+             descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride);
+    v_descale = descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride);
+  }
+  const float scale_log2 = fmaxf(static_cast<float>(fabs(scale) * kLog2e), kSmallestNormalFloat);
+  const bool negate_q = scale < 0;
+
   if (n_visits > 0) {  // otherwise every row sees no key: the epilogue writes zeros
     // Q by the consumers (threads 0 .. kConsumerThreads - 1, the wgmma kernel's copy pattern).
     flash_wgmma::load_tile<Traits, kBlockM, true>(ring.q_tile, q, p.q_row_stride, blk.rows);
     mma::commit_copies();
-    const float scale_log2 = positive_scale_log2(p);
     mma::wait_copies<0>();
-    if (p.softmax_scale < 0) flash_wgmma::negate_own_q_chunks<Traits>(q_smem);
+    if (negate_q) flash_wgmma::negate_own_q_chunks<Traits>(q_smem);
     wgmma::fence_proxy_async();
     tma::named_barrier_sync(1, Traits::kConsumerThreads);
 
     const uint64_t q_desc =
         wgmma::descriptor_128b(ring.q_tile + warpgroup * Traits::kRowsPerWarpgroup * kRowBytes, 16, 8 * kRowBytes);
     const uint64_t k_desc = wgmma::descriptor_128b(ring.k_tile, 16, 8 * kRowBytes);
-    const uint64_t v_desc = wgmma::descriptor_128b(ring.v_tile, kBlockN * kRowBytes, 8 * kRowBytes);
+    // V: MN-major, 64-column panels kBlockN rows apart; V^T (kTransposes): K-major like K.
+    const uint64_t v_desc = Traits::kTransposes ? wgmma::descriptor_128b(ring.vt_tile, 16, 8 * kRowBytes)
+                                                : wgmma::descriptor_128b(ring.v_tile, kBlockN * kRowBytes, 8 * kRowBytes);
 
     uint32_t p_prev[Traits::kKeySlices][4];  // P(i-1), the A operand of the product in flight in tile i
 
@@ -212,7 +309,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
       const int prev_stage = (i + kStages - 1) % kStages;
 
       tma::wait(ring.full_k(stage), (i / kStages) & 1);
-      if constexpr (!kFirst) tma::wait(ring.full_v(prev_stage), ((i - 1) / kStages) & 1);
+      if constexpr (!kFirst) tma::wait(ring.values_full(prev_stage), ((i - 1) / kStages) & 1);
 
       flash_wgmma::attend_tile<Traits, kMasked, kFirst>(
           o, p_prev, softmax, mask, q_desc, wgmma::advance(k_desc, stage * Traits::kKVTileBytes),
@@ -221,7 +318,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
             if (lane == 0) tma::arrive(ring.empty_k(stage));  // S(i) has read K(i)
           },
           [&] {
-            if (lane == 0) tma::arrive(ring.empty_v(prev_stage));  // P(i-1) V(i-1) has read V(i-1)
+            if (lane == 0) tma::arrive(ring.values_empty(prev_stage));  // P(i-1) V(i-1) has read V(i-1)
           });
     };
 
@@ -240,14 +337,28 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
 
     // The last product, P(n-1) V(n-1).
     const int last_stage = (n_visits - 1) % kStages;
-    tma::wait(ring.full_v(last_stage), ((n_visits - 1) / kStages) & 1);
+    tma::wait(ring.values_full(last_stage), ((n_visits - 1) / kStages) & 1);
     flash_wgmma::attend_last_values<Traits>(o, p_prev, wgmma::advance(v_desc, last_stage * Traits::kKVTileBytes));
   }
 
   float inv_sum[Softmax::kRows];
   softmax.finalize(inv_sum);
   if constexpr (kSequences) blk.reload_query_rows(p);
-  flash_wgmma::write_block_output<Traits>(p, blk, o, inv_sum, softmax, q_smem, warp_row, warp_m0, lane);
+  if constexpr (Traits::kTransposes) {
+    // O in p.out_dtype, staged in the V ring: every V tile has been transposed (this warp's
+    // products waited for the last V^T), and no copy into the ring is pending.
+#pragma unroll
+    for (int r = 0; r < Softmax::kRows; ++r) inv_sum[r] *= v_descale;
+    unsigned char* const staging = q_smem + (ring.v_tile - ring.q_tile);
+    if (p.out_dtype == DType::kFloat16) {
+      flash_wgmma::write_block_output<Traits, __half>(p, blk, o, inv_sum, softmax, staging, warp_row, warp_m0, lane);
+    } else {
+      flash_wgmma::write_block_output<Traits, __nv_bfloat16>(p, blk, o, inv_sum, softmax, staging, warp_row, warp_m0,
+                                                             lane);
+    }
+  } else {
+    flash_wgmma::write_block_output<Traits>(p, blk, o, inv_sum, softmax, q_smem, warp_row, warp_m0, lane);
+  }
 }
 
 }  // namespace flash_wgmma_ws
@@ -308,17 +419,23 @@ inline bool wgmma_ws_takes(const AttentionParams& p) {
 template <typename Element, int kHeadDim, int kBlockM>
 Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM>;
-  CUtensorMap k_map, v_map;
-  if (!encode_kv_tensor_maps(p, Traits::kBlockN, &k_map, &v_map)) {
+  // Without keys (e4m3 only: the other dtypes run such calls on the wgmma kernel) no tile is
+  // loaded and the maps are never read.
+  CUtensorMap k_map{}, v_map{};
+  if (p.seqlen_k > 0 && !encode_kv_tensor_maps(p, Traits::kBlockN, &k_map, &v_map)) {
     return Status::NotSupported("TMA cannot describe k or v (strides must be positive multiples of 16 bytes)");
   }
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
   const FoldedGrid g = folded_grid(p, Traits::kBlockM);
   const bool sequences = !p.is_dense();
-  const auto kernel = p.is_causal ? (sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, true, true>
-                                               : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, true, false>)
-                                  : (sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, false, true>
-                                               : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, false, false>);
+  auto kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, true, false>
+                            : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, false, false>;
+  if constexpr (Traits::kTransposes) {
+    if (sequences) return Status::NotSupported("the e4m3 wgmma kernel runs dense batches");
+  } else if (sequences) {
+    kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, true, true>
+                         : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, false, true>;
+  }
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
   kernel<<<grid, Traits::kBlockThreads, Traits::kSmemBytes, stream>>>(p, k_map, v_map);
@@ -330,7 +447,9 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
 /// cannot describe K or V or the call's layout is not one it runs: the caller then runs the wgmma kernel.
 template <typename Element, int kHeadDim>
 Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
-  if (!wgmma_ws_takes(p)) {
+  // e4m3 has no other kernel: a dense batch without keys runs here too (zeros, LSE -inf).
+  const bool no_keys = sizeof(Element) == 1 && p.seqlen_k == 0 && p.is_dense();
+  if (!wgmma_ws_takes(p) && !no_keys) {
     return Status::NotSupported(
         "the warp-specialized wgmma kernel runs contiguous K/V with keys (with cu_seqlens_k: total_k set)");
   }

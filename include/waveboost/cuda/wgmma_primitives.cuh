@@ -163,6 +163,58 @@ __device__ __forceinline__ void mma_m64nNk16_rs_tb(float (&d)[N / 2], const uint
 #undef WAVEBOOST_WGMMA_RS128
 }
 
+// ---- 8-bit (e4m3) inputs: k32 slices; PTX allows no transposed operand for 8-bit types, so
+// both operands in shared memory are K-major. The A fragment from registers (4 b32 registers of
+// four bytes): a0 = A[16w + g][4t .. 4t+3], a1 = A[16w + g + 8][4t .. 4t+3],
+// a2 = A[16w + g][16 + 4t .. 16 + 4t+3], a3 = A[16w + g + 8][16 + 4t .. 16 + 4t+3].
+
+// D (64 x 128, f32) {=, +=} A (64 x 32) B (32 x 128), both e4m3 and K-major in shared memory.
+template <bool kAccumulate>
+__device__ __forceinline__ void mma_m64n128k32_ss_e4m3(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
+#define WAVEBOOST_WGMMA_SS8(C, SCALE_D)                                                                  \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WAVEBOOST_WGMMA_D64              \
+               ", %64, %65, %66, 1, 1;\n"                                                                \
+               : WAVEBOOST_WGMMA_REGS64(C, d)                                                             \
+               : "l"(a_desc), "l"(b_desc), "n"(SCALE_D))
+  if constexpr (kAccumulate) {
+    WAVEBOOST_WGMMA_SS8("+f", 1);
+  } else {
+    WAVEBOOST_WGMMA_SS8("=f", 0);
+  }
+#undef WAVEBOOST_WGMMA_SS8
+}
+
+// D (64 x N, f32) += A (64 x 32, e4m3 registers) B (32 x N), B e4m3 and K-major in shared memory.
+template <int N>
+__device__ __forceinline__ void mma_m64nNk32_rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc) {
+  static_assert(N == 64 || N == 128, "N = 64 or 128");
+  if constexpr (N == 64) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " WAVEBOOST_WGMMA_D32
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1;\n"
+                 : WAVEBOOST_WGMMA_REGS32("+f", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+  } else {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WAVEBOOST_WGMMA_D64
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1;\n"
+                 : WAVEBOOST_WGMMA_REGS64("+f", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+  }
+}
+
+// Four floats rounded (to nearest, saturating at +-448) to e4m3, x0 in the lowest byte.
+__device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
+  uint32_t bits;
+  asm("{\n"
+      ".reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n"
+      "}\n"
+      : "=r"(bits)
+      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+  return bits;
+}
+
 #undef WAVEBOOST_WGMMA_REGS8
 #undef WAVEBOOST_WGMMA_REGS32
 #undef WAVEBOOST_WGMMA_REGS64

@@ -1,4 +1,5 @@
-// Host side of the warp-specialized wgmma forward (flash_wgmma_ws.cuh): whether it takes a call.
+// Host side of the warp-specialized wgmma forward (flash_wgmma_ws.cuh): whether it takes a call, and
+// whether TMA can describe its K and V (checked without the driver, for can_implement).
 // The kernels themselves are instantiated in src/cuda/sm90/generated/wgmma_tma.cu.
 #include "waveboost/cuda/flash_wgmma_ws.cuh"
 
@@ -10,6 +11,16 @@ bool wgmma_tma_applies(const AttentionParams& p) {
                                         : FlashWgmmaWsDefaultTraits<__half, 128>::kBlockN;
   CUtensorMap k_map, v_map;
   return encode_kv_tensor_maps(p, box_rows, &k_map, &v_map);
+}
+
+bool wgmma_tma_fits(const AttentionParams& p) {
+  const int64_t rows = p.is_varlen_k() ? p.total_k : p.seqlen_k;
+  const int64_t batch = p.is_varlen_k() ? 1 : p.batch;
+  return wgmma_ws_takes(p) &&
+         tma::rows_map_fits(p.k, p.dtype, p.head_dim, rows, p.heads_kv, batch, p.k_row_stride, p.k_head_stride,
+                            p.k_batch_stride) &&
+         tma::rows_map_fits(p.v, p.dtype, p.head_dim, rows, p.heads_kv, batch, p.v_row_stride, p.v_head_stride,
+                            p.v_batch_stride);
 }
 
 }  // namespace waveboost::cuda

@@ -31,7 +31,7 @@ namespace {
 // the span below it (never used); false where TMA cannot describe the tensor.
 bool rows_map_strides(const void* base, DType dtype, int64_t head_dim, const int64_t (&extents)[4],
                       const int64_t (&element_strides)[3], int64_t (&strides)[3]) {
-  if (dtype != DType::kFloat16 && dtype != DType::kBFloat16) return false;
+  if (dtype != DType::kFloat16 && dtype != DType::kBFloat16 && dtype != DType::kFloat8E4M3) return false;
   const int64_t bytes = dtype_size(dtype);
   int64_t span = head_dim * bytes;
   for (int i = 0; i < 3; ++i) {
@@ -67,10 +67,13 @@ bool encode_rows_map(CUtensorMap* map, const void* base, DType dtype, int64_t he
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
   const cuuint64_t global_strides[3] = {static_cast<cuuint64_t>(strides[0]), static_cast<cuuint64_t>(strides[1]),
                                         static_cast<cuuint64_t>(strides[2])};
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  // A box row is 128 B, the width of the swizzle: 64 16-bit or 128 8-bit elements.
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / dtype_size(dtype)), static_cast<cuuint32_t>(box_rows), 1,
+                             1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type =
-      dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType type = dtype == DType::kFloat16    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                   : dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_UINT8;
   return encode(map, type, 4, const_cast<void*>(base), dims, global_strides, box, element_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
