@@ -31,6 +31,11 @@
 //
 // Runs batches whose K and V strides suit TMA (16 B multiples) with one piece of keys per block,
 // dense or with contiguous sequence layouts; the wgmma kernel keeps split-KV and paged K/V.
+//
+// e4m3 inputs (kTransposes, dense batches): 8-bit wgmma reads both operands K-major, so producer
+// warps 1-3 transpose each V tile TMA lands into a ring of V^T tiles (full_vt / empty_vt), which
+// P V reads; the V ring's empty barrier then counts the transposer threads. O leaves in
+// p.out_dtype (16-bit), staged in the V ring.
 #pragma once
 
 #include <cstdint>
