@@ -160,6 +160,9 @@ def test_fp8_refusals_name_the_argument():
     with pytest.raises(ValueError):
         cpu = q.cpu()
         waveboost.attention(cpu, cpu, cpu)
+    with pytest.raises(TypeError, match="merge_attention_states"):
+        waveboost.merge_attention_states(mk(2, 1, 64, 2, 128), torch.zeros(2, 1, 2, 64, device="cuda"),
+                                         out=torch.empty(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16))
 
 
 def test_fp8_from_jax_eager():

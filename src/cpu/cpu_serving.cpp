@@ -37,6 +37,7 @@ double load(const void* base, int64_t index, DType dtype) {
     case DType::kBFloat16: return bfloat16_to_float(static_cast<const uint16_t*>(base)[index]);
     case DType::kFloat32: return static_cast<const float*>(base)[index];
     case DType::kFloat64: return static_cast<const double*>(base)[index];
+    case DType::kFloat8E4M3: break;  // refused by merge_attention_states
   }
   return 0;
 }
@@ -50,13 +51,15 @@ void store(void* base, int64_t index, DType dtype, double value) {
       return;
     case DType::kFloat32: static_cast<float*>(base)[index] = static_cast<float>(value); return;
     case DType::kFloat64: static_cast<double*>(base)[index] = value; return;
+    case DType::kFloat8E4M3: return;  // refused by merge_attention_states
   }
 }
 
 }  // namespace
 
 Status merge_attention_states(const MergeStatesParams& p) {
-  if (dtype_size(p.dtype) == 0 || dtype_size(p.outs_dtype) == 0)
+  if (dtype_size(p.dtype) == 0 || dtype_size(p.outs_dtype) == 0 || p.dtype == DType::kFloat8E4M3 ||
+      p.outs_dtype == DType::kFloat8E4M3)
     return Status::InvalidArgument("merge_attention_states: dtype is not one of float16, bfloat16, float32, float64");
   for (auto [value, name] : {std::pair{p.num_parts, "num_parts"}, {p.batch, "batch"}, {p.seqlen, "seqlen"},
                              {p.heads, "heads"}, {p.head_dim, "head_dim"}})

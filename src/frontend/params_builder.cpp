@@ -548,6 +548,11 @@ MergeStatesParams merge_params(const TensorArg& outs, const TensorArg& lses, con
   check_ndim(out, "out", 4, "(batch, seqlen, heads, head_dim)");
   const DType outs_dtype = check_float_dtype(outs, "outs");
   const DType out_dtype = check_float_dtype(out, "out");
+  for (auto [d, name] : {std::pair{outs_dtype, "outs"}, {out_dtype, "out"}}) {
+    if (d == DType::kFloat8E4M3)
+      type_error(std::string(name) + " must be float16, bfloat16, float32 or float64 for merge_attention_states; "
+                                     "got float8_e4m3fn");
+  }
   check_float32(lses, "lses");
   check_device_supported(outs, "outs");
   check_same_device(lses, "lses", outs, "outs");
