@@ -200,8 +200,17 @@ def test_fp8_handler_takes_e4m3_buffers_and_says_why_the_cpu_cannot_run_them():
     q, k, v = _fp8_qkv(14)
     # The dtype reaches the C++ checks as float8_e4m3fn (not an opaque byte type) and the cpu
     # backend refuses it by name, through XLA.
-    with pytest.raises(Exception, match=r"backend 'cpu' supports float32 and float64 on the CPU; got float8_e4m3fn"):
+    refusal = r"backend 'cpu' supports float32 and float64 on the CPU; got float8_e4m3fn"
+    with pytest.raises(Exception, match=refusal):
         jax.block_until_ready(jax.jit(lambda q, k, v: wbj.attention(q, k, v, v_descale=0.5))(q, k, v))
+    # Under vmap the descales' leading axes fold into batch like q's: the params builder accepts them
+    # (its shape checks come before the backend's refusal), mapped or broadcast.
+    qs, sk = jnp.stack([q, q, q]), jnp.ones((2, 2), jnp.float32)
+    with pytest.raises(Exception, match=refusal):
+        jax.block_until_ready(jax.vmap(lambda q, s: wbj.attention(q, k, v, q_descale=0.5, k_descale=s))(
+            qs, jnp.stack([sk, sk, sk])))
+    with pytest.raises(Exception, match=refusal):
+        jax.block_until_ready(jax.vmap(lambda q: wbj.attention(q, k, v, k_descale=sk))(qs))
 
 
 @needs_ffi
