@@ -210,6 +210,15 @@ def _jax_quantized(jax, shape, scale, key, device):
     return x8, deq * (scale if isinstance(scale, float) else torch.from_dlpack(scale).double()[:, None, :, None])
 
 
+def _jax_qkv(jax, gpu, shape, key, scales=(1.0, 1.0, 1.0)):
+    """e4m3 q, k, v for `shape` (batch, seqlen_q, seqlen_k, heads, heads_kv), head dim 128, quantized with `scales`
+    (see _jax_quantized), and their dequantized float64 torch tensors."""
+    b, lq, lk, h, hkv = shape
+    shapes = ((b, lq, h, 128), (b, lk, hkv, 128), (b, lk, hkv, 128))
+    pairs = [_jax_quantized(jax, s, scale, k, gpu) for s, scale, k in zip(shapes, scales, jax.random.split(key, 3))]
+    return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+
 def _to_torch(jax, x):
     return torch.from_dlpack(x.astype(jax.numpy.float32))
 
@@ -229,11 +238,11 @@ def test_fp8_jax_jit_matches_float64(shape, descales, causal):
     jax, wbj, gpu = _jax_gpu()
     jnp = jax.numpy
     b, lq, lk, h, hkv = shape
-    keys = jax.random.split(jax.random.PRNGKey(lq * 7 + lk), 6)
+    keys = jax.random.split(jax.random.PRNGKey(lq * 7 + lk), 4)
     if descales == "per-head":
         # Per (batch, kv head) factors over two orders of magnitude, traced arguments of the jitted function.
         sq, sk, sv = (jax.device_put(jax.random.uniform(key, (b, hkv), jnp.float32) * 8 + 0.05, gpu)
-                      for key in keys[3:])
+                      for key in keys[1:])
         q_scale = jnp.repeat(sq, h // hkv, axis=1)  # per query head
         fn = jax.jit(lambda q, k, v, sq, sk, sv: wbj.attention(q, k, v, causal=causal, return_lse=True,
                                                                q_descale=sq, k_descale=sk, v_descale=sv))
@@ -245,9 +254,7 @@ def test_fp8_jax_jit_matches_float64(shape, descales, causal):
         fn = jax.jit(lambda q, k, v: wbj.attention(q, k, v, causal=causal, return_lse=True, q_descale=0.5,
                                                    k_descale=2.0, v_descale=0.25))
         scales = ()
-    q8, q = _jax_quantized(jax, (b, lq, h, 128), q_scale, keys[0], gpu)
-    k8, k = _jax_quantized(jax, (b, lk, hkv, 128), sk, keys[1], gpu)
-    v8, v = _jax_quantized(jax, (b, lk, hkv, 128), sv, keys[2], gpu)
+    (q8, k8, v8), (q, k, v) = _jax_qkv(jax, gpu, shape, keys[0], (q_scale, sk, sv))
     out, lse = fn(q8, k8, v8, *scales)
     assert out.dtype == jnp.bfloat16 and out.shape == q8.shape and lse.shape == (b, h, lq)
     assert out.devices() == {gpu}
@@ -259,13 +266,12 @@ def test_fp8_jax_vmap_matches_float64():
     jax, wbj, gpu = _jax_gpu()
     jnp = jax.numpy
     b, lq, lk, h, hkv = 2, 130, 301, 4, 2
-    keys = jax.random.split(jax.random.PRNGKey(23), 8)
-    k8, k = _jax_quantized(jax, (b, lk, hkv, 128), 1.0, keys[0], gpu)
-    v8, v = _jax_quantized(jax, (b, lk, hkv, 128), 0.5, keys[1], gpu)
+    keys = jax.random.split(jax.random.PRNGKey(23), 7)
+    (_, k8, v8), (_, k, v) = _jax_qkv(jax, gpu, (b, lq, lk, h, hkv), keys[0], (1.0, 1.0, 0.5))
     # Three q's, each with its own per-(batch, kv head) descales (mapped), k's and v's shared (broadcast).
-    sqs = [jax.device_put(jax.random.uniform(key, (b, hkv), jnp.float32) * 4 + 0.1, gpu) for key in keys[2:5]]
+    sqs = [jax.device_put(jax.random.uniform(key, (b, hkv), jnp.float32) * 4 + 0.1, gpu) for key in keys[1:4]]
     qs = [_jax_quantized(jax, (b, lq, h, 128), jnp.repeat(s, h // hkv, axis=1), key, gpu)
-          for s, key in zip(sqs, keys[5:8])]
+          for s, key in zip(sqs, keys[4:7])]
     fn = jax.jit(jax.vmap(lambda q, sq: wbj.attention(q, k8, v8, causal=True, return_lse=True, q_descale=sq,
                                                       v_descale=0.5)))
     out, lse = fn(jnp.stack([q8 for q8, _ in qs]), jnp.stack(sqs))
@@ -278,12 +284,9 @@ def test_fp8_jax_vmap_matches_float64():
 def test_fp8_jax_jit_equals_the_eager_dlpack_route(monkeypatch):
     jax, wbj, gpu = _jax_gpu()
     jnp = jax.numpy
-    b, lq, lk, h, hkv = 2, 257, 1025, 8, 2
-    keys = jax.random.split(jax.random.PRNGKey(21), 4)
-    q8, _ = _jax_quantized(jax, (b, lq, h, 128), 1.0, keys[0], gpu)
-    k8, _ = _jax_quantized(jax, (b, lk, hkv, 128), 1.0, keys[1], gpu)
-    v8, _ = _jax_quantized(jax, (b, lk, hkv, 128), 1.0, keys[2], gpu)
-    sk = jax.device_put(jax.random.uniform(keys[3], (b, hkv), jnp.float32) + 0.5, gpu)
+    keys = jax.random.split(jax.random.PRNGKey(21), 2)
+    (q8, k8, v8), _ = _jax_qkv(jax, gpu, (2, 257, 1025, 8, 2), keys[0])
+    sk = jax.device_put(jax.random.uniform(keys[1], (2, 2), jnp.float32) + 0.5, gpu)
     sv = jax.device_put(jnp.full((1,), 0.25, jnp.float32), gpu)  # one element: repeated over (batch, heads_kv)
     kwargs = dict(causal=True, return_lse=True, q_descale=0.5)
     jitted = jax.jit(lambda q, k, v, sk, sv: waveboost.attention(q, k, v, k_descale=sk, v_descale=sv, **kwargs))(
