@@ -303,7 +303,8 @@ def attention(
             raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
     descales = (q_descale, k_descale, v_descale)
     fp8 = check_fp8(q, backend, descales)
-    if adapter.name == "torch" and (_torch_needs_grad((q, k, v) + descales) or (out is None and _torch_compiling())):
+    if adapter.name == "torch" and (_torch_needs_grad((q, k, v) + (descales if fp8 else ()))
+                                    or (out is None and _torch_compiling())):
         # Differentiable route: the waveboost::attention custom op and its autograd formula; also
         # what torch.compile traces (the DLPack route would break its graph).
         if out is not None:
