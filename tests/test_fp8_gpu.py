@@ -180,3 +180,196 @@ def test_fp8_from_jax_eager():
     ref, _ = reference(qt, kt, kt * 0.5, True, 1 / math.sqrt(128))
     err = (torch.from_dlpack(out.astype(jnp.float32)).double() - ref).abs().max().item()
     assert err <= OUT_TOL * max(1.0, ref.abs().max().item()), err
+
+
+# ---------------------------------------------------------------------------------------------
+# JAX under jit: the XLA custom call (waveboost.jax.attention)
+# ---------------------------------------------------------------------------------------------
+
+def _jax_gpu():
+    """jax, waveboost.jax and JAX's first GPU, or a skip saying what is missing."""
+    _hopper_fp8()
+    jax = pytest.importorskip("jax")
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        pytest.skip("jax has no GPU here")
+    import waveboost.jax as wbj
+
+    if not wbj.ffi_available():
+        pytest.skip("waveboost was built without the XLA FFI handlers (no jaxlib at build time)")
+    return jax, wbj, gpus[0]
+
+
+def _jax_quantized(jax, shape, scale, key, device):
+    """e4m3 JAX values of N(0, 1) / scale on `device` (scale: a float, or a float32 (batch, heads) JAX array), and
+    their exact dequantized float64 (times scale) as a torch CUDA tensor."""
+    jnp = jax.numpy
+    x = jax.device_put(jax.random.normal(key, shape, jnp.float32), device)
+    x8 = (x / (scale if isinstance(scale, float) else scale[:, None, :, None])).astype(jnp.float8_e4m3fn)
+    deq = torch.from_dlpack(x8.astype(jnp.float32)).double()
+    return x8, deq * (scale if isinstance(scale, float) else torch.from_dlpack(scale).double()[:, None, :, None])
+
+
+def _jax_qkv(jax, gpu, shape, key, scales=(1.0, 1.0, 1.0)):
+    """e4m3 q, k, v for `shape` (batch, seqlen_q, seqlen_k, heads, heads_kv), head dim 128, quantized with `scales`
+    (see _jax_quantized), and their dequantized float64 torch tensors."""
+    b, lq, lk, h, hkv = shape
+    shapes = ((b, lq, h, 128), (b, lk, hkv, 128), (b, lk, hkv, 128))
+    pairs = [_jax_quantized(jax, s, scale, k, gpu) for s, scale, k in zip(shapes, scales, jax.random.split(key, 3))]
+    return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+
+def _to_torch(jax, x):
+    return torch.from_dlpack(x.astype(jax.numpy.float32))
+
+
+JAX_SHAPES = [  # batch, seqlen_q, seqlen_k, heads, heads_kv
+    (2, 97, 258, 4, 2),
+    (1, 1, 1, 1, 1),
+    (3, 300, 129, 8, 8),
+    (1, 640, 2000, 8, 1),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("descales", ["per-tensor", "per-head"])
+@pytest.mark.parametrize("shape", JAX_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fp8_jax_jit_matches_float64(shape, descales, causal):
+    jax, wbj, gpu = _jax_gpu()
+    jnp = jax.numpy
+    b, lq, lk, h, hkv = shape
+    keys = jax.random.split(jax.random.PRNGKey(lq * 7 + lk), 4)
+    if descales == "per-head":
+        # Per (batch, kv head) factors over two orders of magnitude, traced arguments of the jitted function.
+        sq, sk, sv = (jax.device_put(jax.random.uniform(key, (b, hkv), jnp.float32) * 8 + 0.05, gpu)
+                      for key in keys[1:])
+        q_scale = jnp.repeat(sq, h // hkv, axis=1)  # per query head
+        fn = jax.jit(lambda q, k, v, sq, sk, sv: wbj.attention(q, k, v, causal=causal, return_lse=True,
+                                                               q_descale=sq, k_descale=sk, v_descale=sv))
+        scales = (sq, sk, sv)
+    else:
+        # Python floats: constants of the jitted function, made float32 arrays there.
+        sq, sk, sv = 0.5, 2.0, 0.25
+        q_scale = sq
+        fn = jax.jit(lambda q, k, v: wbj.attention(q, k, v, causal=causal, return_lse=True, q_descale=0.5,
+                                                   k_descale=2.0, v_descale=0.25))
+        scales = ()
+    (q8, k8, v8), (q, k, v) = _jax_qkv(jax, gpu, shape, keys[0], (q_scale, sk, sv))
+    out, lse = fn(q8, k8, v8, *scales)
+    assert out.dtype == jnp.bfloat16 and out.shape == q8.shape and lse.shape == (b, h, lq)
+    assert out.devices() == {gpu}
+    ref, ref_lse = reference(q, k, v, causal, 1 / math.sqrt(128))
+    _check(_to_torch(jax, out), _to_torch(jax, lse), ref, ref_lse, (shape, descales, causal))
+
+
+def test_fp8_jax_vmap_matches_float64():
+    jax, wbj, gpu = _jax_gpu()
+    jnp = jax.numpy
+    b, lq, lk, h, hkv = 2, 130, 301, 4, 2
+    keys = jax.random.split(jax.random.PRNGKey(23), 7)
+    (_, k8, v8), (_, k, v) = _jax_qkv(jax, gpu, (b, lq, lk, h, hkv), keys[0], (1.0, 1.0, 0.5))
+    # Three q's, each with its own per-(batch, kv head) descales (mapped), k's and v's shared (broadcast).
+    sqs = [jax.device_put(jax.random.uniform(key, (b, hkv), jnp.float32) * 4 + 0.1, gpu) for key in keys[1:4]]
+    qs = [_jax_quantized(jax, (b, lq, h, 128), jnp.repeat(s, h // hkv, axis=1), key, gpu)
+          for s, key in zip(sqs, keys[4:7])]
+    fn = jax.jit(jax.vmap(lambda q, sq: wbj.attention(q, k8, v8, causal=True, return_lse=True, q_descale=sq,
+                                                      v_descale=0.5)))
+    out, lse = fn(jnp.stack([q8 for q8, _ in qs]), jnp.stack(sqs))
+    assert out.shape == (3, b, lq, h, 128) and out.dtype == jnp.bfloat16 and lse.shape == (3, b, h, lq)
+    for i, (_, q) in enumerate(qs):
+        ref, ref_lse = reference(q, k, v, True, 1 / math.sqrt(128))
+        _check(_to_torch(jax, out[i]), _to_torch(jax, lse[i]), ref, ref_lse, ("vmap", i))
+
+
+def test_fp8_jax_jit_equals_the_eager_dlpack_route(monkeypatch):
+    jax, wbj, gpu = _jax_gpu()
+    jnp = jax.numpy
+    keys = jax.random.split(jax.random.PRNGKey(21), 2)
+    (q8, k8, v8), _ = _jax_qkv(jax, gpu, (2, 257, 1025, 8, 2), keys[0])
+    sk = jax.device_put(jax.random.uniform(keys[1], (2, 2), jnp.float32) + 0.5, gpu)
+    sv = jax.device_put(jnp.full((1,), 0.25, jnp.float32), gpu)  # one element: repeated over (batch, heads_kv)
+    kwargs = dict(causal=True, return_lse=True, q_descale=0.5)
+    jitted = jax.jit(lambda q, k, v, sk, sv: waveboost.attention(q, k, v, k_descale=sk, v_descale=sv, **kwargs))(
+        q8, k8, v8, sk, sv)
+    # Without the XLA handlers waveboost.attention takes the eager DLPack route (its own descale arrays).
+    monkeypatch.setattr(wbj, "ffi_available", lambda: False)
+    eager = waveboost.attention(q8, k8, v8, k_descale=sk, v_descale=sv, **kwargs)
+    for got, expected in zip(jitted, eager):  # the same kernel on the same values: bitwise equal
+        assert got.dtype == expected.dtype
+        assert torch.equal(_to_torch(jax, got), _to_torch(jax, expected))
+
+
+def test_fp8_jax_grad_raises():
+    jax, wbj, gpu = _jax_gpu()
+    jnp = jax.numpy
+    keys = jax.random.split(jax.random.PRNGKey(22), 2)
+    x = jax.device_put(jax.random.normal(keys[0], (1, 130, 4, 128), jnp.float32), gpu)
+    k8, _ = _jax_quantized(jax, (1, 300, 2, 128), 1.0, keys[1], gpu)
+    s = jax.device_put(jnp.full((1, 2), 0.5, jnp.float32), gpu)
+
+    def loss(x, s):  # quantized inside: the gradient would flow through the FP8 call
+        return wbj.attention(x.astype(jnp.float8_e4m3fn), k8, k8, causal=True, k_descale=s).astype(jnp.float32).sum()
+
+    assert bool(jnp.isfinite(loss(x, s)))  # the forward runs
+    for argnums in (0, 1):
+        for transform in (lambda f: f, jax.jit):
+            with pytest.raises(NotImplementedError, match=r"float8_e4m3fn attention has no backward pass"):
+                transform(jax.grad(loss, argnums=argnums))(x, s)
+
+
+def test_fp8_descale_on_another_device_is_refused():
+    _hopper_fp8()
+    q = torch.randn(1, 64, 2, 128, device="cuda").to(E4M3)
+    with pytest.raises(ValueError, match=r"q_descale is on .* but q is on"):
+        waveboost.attention(q, q, q, q_descale=torch.ones(1, 2))
+    jax, wbj, gpu = _jax_gpu()
+    jnp = jax.numpy
+    q8 = jax.device_put(jnp.ones((1, 64, 2, 128), jnp.float8_e4m3fn), gpu)
+    on_cpu = jax.device_put(jnp.ones((1, 2), jnp.float32), jax.devices("cpu")[0])
+    with pytest.raises(ValueError, match=r"k_descale is on .* but q is on"):
+        wbj.attention(q8, q8, q8, k_descale=on_cpu)
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch: torch.compile and the custom op
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("route", ["waveboost.attention", "waveboost.torch.attention"])
+def test_fp8_torch_compile_fullgraph_matches_eager(route):
+    _hopper_fp8()
+    import waveboost.torch as wbt
+
+    call = waveboost.attention if route == "waveboost.attention" else wbt.attention
+    torch._dynamo.reset()
+    g = torch.Generator(device="cuda").manual_seed(31)
+    b, lq, lk, h, hkv = 2, 257, 1025, 8, 2
+    q8, _ = _quantized((b, lq, h, 128), 1.0, g)
+    k8, _ = _quantized((b, lk, hkv, 128), 1.0, g)
+    v8, _ = _quantized((b, lk, hkv, 128), 1.0, g)
+    sk = torch.rand(b, hkv, generator=g, device="cuda") + 0.5
+    sv = torch.full((1,), 0.25, device="cuda")
+
+    def fn(q, k, v, sk, sv):
+        return call(q, k, v, causal=True, return_lse=True, q_descale=0.5, k_descale=sk, v_descale=sv)
+
+    out, lse = torch.compile(fn, fullgraph=True)(q8, k8, v8, sk, sv)  # a graph break would raise
+    expected, expected_lse = fn(q8, k8, v8, sk, sv)
+    assert out.dtype == torch.bfloat16 and out.shape == q8.shape
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)  # the same kernel: bitwise
+
+
+def test_fp8_opcheck():
+    _hopper_fp8()
+    g = torch.Generator(device="cuda").manual_seed(32)
+    q8, _ = _quantized((2, 65, 4, 128), 1.0, g)
+    k8, _ = _quantized((2, 90, 2, 128), 1.0, g)
+    v8, _ = _quantized((2, 90, 2, 128), 1.0, g)
+    s = torch.rand(2, 2, generator=g, device="cuda") + 0.5
+    # test_schema is left out: its mutation check compares every input before and after the call with
+    # torch.allclose, which has no float8_e4m3fn kernel. The schema itself is checked with the other
+    # dtypes (tests/test_torch_integration.py).
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    for causal, descales in ((False, (s, None, s)), (True, (None, None, None))):
+        result = torch.library.opcheck(torch.ops.waveboost.attention.default,
+                                       (q8, k8, v8, causal, None, "auto", *descales), test_utils=utils)
+        assert result == dict.fromkeys(utils, "SUCCESS")

@@ -172,6 +172,97 @@ def test_out_argument_needs_concrete_arrays():
         jax.jit(lambda q, k, v: waveboost.attention(q, k, v, out=jnp.empty_like(q)))(q, k, v)
 
 
+# FP8 (float8_e4m3fn) runs on Hopper only (tests/test_fp8_gpu.py); here, what the CPU can show: the
+# traced call's results, the trace-time refusals and the handler's dtype mapping.
+
+def _fp8_qkv(seed, b=2, lq=9, lk=11, h=4, hkv=2):
+    return tuple(x.astype(jnp.float8_e4m3fn) for x in random_qkv(jax.random.key(seed), b, lq, lk, h, hkv, 128))
+
+
+@needs_ffi
+def test_fp8_traces_to_a_bfloat16_custom_call_cpu():
+    q, k, v = _fp8_qkv(13)
+    sk = jnp.full((2, 2), 0.5, jnp.float32)
+    for route in (wbj.attention, waveboost.attention):
+        fn = jax.jit(lambda q, k, v, sk: route(q, k, v, causal=True, return_lse=True, q_descale=2.0, k_descale=sk,
+                                               v_descale=jnp.float32(0.25)))
+        out, lse = jax.eval_shape(fn, q, k, v, sk)  # traced and shaped, nothing runs
+        assert (out.shape, out.dtype) == (q.shape, jnp.bfloat16)
+        assert (lse.shape, lse.dtype) == ((2, 4, 9), jnp.float32)
+        assert "waveboost_attention" in fn.lower(q, k, v, sk).as_text()
+    # vmap: the descales (unmapped here) are broadcast along the mapped axis like k and v.
+    out = jax.eval_shape(jax.vmap(lambda q: wbj.attention(q, k, v, k_descale=sk)), jnp.stack([q, q, q]))
+    assert (out.shape, out.dtype) == ((3,) + q.shape, jnp.bfloat16)
+
+
+@needs_ffi
+def test_fp8_handler_takes_e4m3_buffers_and_says_why_the_cpu_cannot_run_them():
+    q, k, v = _fp8_qkv(14)
+    # The dtype reaches the C++ checks as float8_e4m3fn (not an opaque byte type) and the cpu
+    # backend refuses it by name, through XLA.
+    refusal = r"backend 'cpu' supports float32 and float64 on the CPU; got float8_e4m3fn"
+    with pytest.raises(Exception, match=refusal):
+        jax.block_until_ready(jax.jit(lambda q, k, v: wbj.attention(q, k, v, v_descale=0.5))(q, k, v))
+    # Under vmap the descales' leading axes fold into batch like q's: the params builder accepts them
+    # (its shape checks come before the backend's refusal), mapped or broadcast.
+    qs, sk = jnp.stack([q, q, q]), jnp.ones((2, 2), jnp.float32)
+    with pytest.raises(Exception, match=refusal):
+        jax.block_until_ready(jax.vmap(lambda q, s: wbj.attention(q, k, v, q_descale=0.5, k_descale=s))(
+            qs, jnp.stack([sk, sk, sk])))
+    with pytest.raises(Exception, match=refusal):
+        jax.block_until_ready(jax.vmap(lambda q: wbj.attention(q, k, v, k_descale=sk))(qs))
+
+
+@needs_ffi
+def test_fp8_trace_time_errors_name_the_argument():
+    q, k, v = _fp8_qkv(15)
+    q32 = q.astype(jnp.float32)
+
+    def trace(*args, route=wbj.attention, **kwargs):
+        return jax.eval_shape(lambda *a: route(*a, **kwargs), *args)
+
+    for route in (wbj.attention, waveboost.attention):
+        with pytest.raises(ValueError, match=r"q_descale, k_descale and v_descale apply to float8_e4m3fn inputs; "
+                                             r"q has dtype float32"):
+            trace(q32, k.astype(jnp.float32), v.astype(jnp.float32), route=route, k_descale=2.0)
+        with pytest.raises(ValueError, match=r"q_descale must have shape \(batch, heads_kv\) = \(2, 2\) or one "
+                                             r"element; got shape \(2, 4\)"):
+            trace(q, k, v, route=route, q_descale=jnp.ones((2, 4), jnp.float32))
+    with pytest.raises(ValueError, match=r"v_descale must have shape .* got shape \(3, 2\)"):  # a traced descale
+        trace(q, k, v, jnp.ones((3, 2), jnp.float32), route=lambda q, k, v, s: wbj.attention(q, k, v, v_descale=s))
+    with pytest.raises(TypeError, match=r"k_descale must have dtype float32; got float16"):
+        trace(q, k, v, k_descale=jnp.ones((2, 2), jnp.float16))
+    with pytest.raises(TypeError, match=r"v_descale must be a float or a float32 jax array like q; got numpy.ndarray"):
+        trace(q, k, v, v_descale=np.ones((2, 2), np.float32))
+    with pytest.raises(TypeError, match=r"q_descale must be a float or a float32 jax array like q; got builtins.list"):
+        trace(q, k, v, q_descale=[1.0, 2.0])
+    with pytest.raises(ValueError, match=r"k_descale must be finite; got inf"):
+        trace(q, k, v, k_descale=float("inf"))
+    with pytest.raises(TypeError, match=r"k has dtype bfloat16 but q has float8_e4m3fn"):
+        trace(q, k.astype(jnp.bfloat16), v)
+    with pytest.raises(ValueError, match=r"float8_e4m3fn q, k, v run on the 'wgmma' backend .* got backend 'mma'"):
+        trace(q, k, v, backend="mma")
+    with pytest.raises(TypeError, match=r"q must have dtype float16, bfloat16, float32 or float64; got float8_e5m2"):
+        trace(*(x.astype(jnp.float8_e5m2) for x in (q, k, v)))
+
+
+@needs_ffi
+def test_fp8_has_no_gradient_cpu():
+    q, k, v = _fp8_qkv(16)
+    message = r"float8_e4m3fn attention has no backward pass"
+    # Through the quantization of a float input, and with respect to a descale factor.
+    loss = lambda x: wbj.attention(x.astype(jnp.float8_e4m3fn), k, v).astype(jnp.float32).sum()  # noqa: E731
+    with pytest.raises(NotImplementedError, match=message):
+        jax.eval_shape(jax.grad(loss), q.astype(jnp.float32))
+    loss = lambda s: waveboost.attention(q, k, v, v_descale=s).astype(jnp.float32).sum()  # noqa: E731
+    with pytest.raises(NotImplementedError, match=message):
+        jax.eval_shape(jax.jit(jax.grad(loss)), jnp.ones((2, 2), jnp.float32))
+    # The non-FP8 call keeps its gradient.
+    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+    grad = jax.grad(lambda q: wbj.attention(q, k32, v32).sum())(q32)
+    assert grad.shape == q32.shape and bool(jnp.isfinite(grad).all())
+
+
 # ---------------------------------------------------------------------------------------------
 # CUDA handler (XLA's stream, XLA's allocations)
 # ---------------------------------------------------------------------------------------------

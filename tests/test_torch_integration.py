@@ -151,6 +151,101 @@ def test_compile_traces_the_op_into_the_graph():
     assert torch.ops.waveboost.attention in targets or torch.ops.waveboost.attention.default in targets
 
 
+def _graph_recorder(graphs):
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    return backend
+
+
+def _calls_the_op(gm):
+    return any(n.target in (torch.ops.waveboost.attention, OP) for n in gm.graph.nodes)
+
+
+def test_compile_fullgraph_traces_waveboost_attention_into_the_op_cpu():
+    # waveboost.attention itself (the DLPack route outside compile) takes the custom op under Dynamo.
+    torch._dynamo.reset()
+    graphs = []
+    q, k, v = _qkv(2, 13, 17, 4, 2, 16, dtype=torch.float32)
+    fn = torch.compile(lambda q, k, v: waveboost.attention(q, k, v, causal=True, return_lse=True),
+                       backend=_graph_recorder(graphs), fullgraph=True)
+    out, lse = fn(q, k, v)
+    expected, expected_lse = waveboost.attention(q, k, v, causal=True, return_lse=True)
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    assert len(graphs) == 1 and _calls_the_op(graphs[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 (float8_e4m3fn): the op's arguments, fake implementation and refusals, which the CPU can show
+# (the kernel runs on Hopper: tests/test_fp8_gpu.py).
+# ---------------------------------------------------------------------------------------------
+
+def _fp8_qkv(device="cpu"):
+    return tuple(t.to(torch.float8_e4m3fn) for t in _qkv(2, 9, 11, 4, 2, 128, dtype=torch.float32, device=device))
+
+
+def test_fp8_compile_fullgraph_traces_the_op_cpu():
+    torch._dynamo.reset()
+    graphs = []
+    q, k, v = _fp8_qkv()
+    sk = torch.full((2, 2), 0.5)
+    for route in (waveboost.attention, wbt.attention):
+        fn = torch.compile(lambda q, k, v, sk: route(q, k, v, causal=True, q_descale=2.0, k_descale=sk),
+                           backend=_graph_recorder(graphs), fullgraph=True)  # a graph break would raise
+        # Traced without a break; running the graph reaches the kernel call, which the CPU refuses.
+        with pytest.raises(ValueError, match=r"backend 'cpu' supports float32 and float64 on the CPU; "
+                                             r"got float8_e4m3fn"):
+            fn(q, k, v, sk)
+        assert _calls_the_op(graphs[-1])
+    assert len(graphs) == 2
+
+
+def test_fp8_fake_implementation_gives_bfloat16_on_meta():
+    q, k, v = (torch.empty(s, device="meta", dtype=torch.float8_e4m3fn) for s in ((3, 11, 8, 128), (3, 5, 2, 128),
+                                                                                   (3, 5, 2, 128)))
+    out, lse = wbt.attention(q, k, v, return_lse=True, q_descale=0.5, v_descale=torch.ones(3, 2, device="meta"))
+    assert out.device.type == "meta" and out.shape == q.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
+    assert lse.shape == (3, 8, 11) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("route", ["attention", "op"])
+def test_fp8_inputs_that_require_grad_raise(route):
+    # Meta tensors: the op's fake implementation runs, then autograd's recording refuses FP8.
+    q, k, v = (torch.empty(s, device="meta", dtype=torch.float8_e4m3fn) for s in ((1, 7, 2, 128), (1, 9, 1, 128),
+                                                                                   (1, 9, 1, 128)))
+    call = waveboost.attention if route == "attention" else wbt.attention
+    with pytest.raises(NotImplementedError, match=r"float8_e4m3fn attention has no backward pass.*torch.no_grad"):
+        call(q, k.requires_grad_(), v)
+    with pytest.raises(NotImplementedError, match=r"float8_e4m3fn attention has no backward pass"):
+        call(q, k.detach(), v, v_descale=torch.ones(1, 1, device="meta", requires_grad=True))
+    with torch.no_grad():  # nothing recorded: the op runs (here its fake implementation)
+        assert wbt.attention(q, k, v).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("route", ["attention", "op"])
+def test_fp8_refusals_name_the_argument_cpu(route):
+    call = waveboost.attention if route == "attention" else wbt.attention
+    q, k, v = _fp8_qkv()
+    q32, k32, v32 = _qkv(2, 9, 11, 4, 2, 128, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"q_descale, k_descale and v_descale apply to float8_e4m3fn inputs; "
+                                         r"q has dtype torch.float32"):
+        call(q32, k32, v32, v_descale=2.0)
+    with pytest.raises(ValueError, match=r"k_descale must have shape \(batch, heads_kv\) = \(2, 2\) or one "
+                                         r"element; got shape \(2, 4\)"):
+        call(q, k, v, k_descale=torch.ones(2, 4))
+    with pytest.raises(TypeError, match=r"q_descale must have dtype float32; got float16"):
+        call(q, k, v, q_descale=torch.ones(2, 2, dtype=torch.float16))
+    with pytest.raises(TypeError, match=r"v_descale must be a float or a float32 torch array like q; got numpy.ndarray"):
+        call(q, k, v, v_descale=np.ones((2, 2), np.float32))
+    with pytest.raises(ValueError, match=r"q_descale must be finite; got nan"):
+        call(q, k, v, q_descale=float("nan"))
+    with pytest.raises(ValueError, match=r"float8_e4m3fn q, k, v run on the 'wgmma' backend .* got backend 'mma'"):
+        call(q, k, v, backend="mma")
+    with pytest.raises(TypeError, match=r"k has dtype bfloat16 but q has float8_e4m3fn"):
+        call(q, k.to(torch.bfloat16), v)
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------

@@ -229,12 +229,19 @@ def _check_shape(x: Any, arg: str) -> tuple:
 
 
 def _torch_needs_grad(tensors: tuple) -> bool:
-    """Whether autograd would record an op on these torch tensors."""
-    if not any(t.requires_grad for t in tensors):
+    """Whether autograd would record an op on these torch tensors (other entries, e.g. None, are skipped)."""
+    if not any(getattr(t, "requires_grad", False) for t in tensors):
         return False
     import torch
 
     return torch.is_grad_enabled()
+
+
+def _torch_compiling() -> bool:
+    """Whether torch.compile (Dynamo) is tracing the caller."""
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 def attention(
@@ -267,17 +274,20 @@ def attention(
         backend: "auto", "cpu", "naive", "simt", "wmma", "mma", "wgmma" or "decode" (see the README's
             backends table).
         q_descale, k_descale, v_descale: FP8 only. q, k and v may be ``float8_e4m3fn`` (PyTorch, or
-            JAX outside ``jit``), run by the ``wgmma`` backend (Hopper, head dim 128, dense batches);
-            each holds values ``x / descale`` and is dequantized by its factor: a float, or a float32
-            array of shape (batch, heads_kv) (per batch and kv head) or of one element, on q's
-            device. ``out`` is then bfloat16 (or the float16/bfloat16 ``out`` given).
+            JAX, under ``jit`` too), run by the ``wgmma`` backend (Hopper, head dim 128, dense
+            batches; ``backend`` "wgmma" or "auto"); each holds values ``x / descale`` and is
+            dequantized by its factor: a float, or a float32 array of shape (batch, heads_kv) (per
+            batch and kv head) or of one element, on q's device. ``out`` is then bfloat16 (or the
+            float16/bfloat16 ``out`` given). FP8 has no backward: differentiating through such a
+            call (torch autograd, ``jax.grad``) raises ``NotImplementedError``.
 
     Returns:
         ``out``, or ``(out, lse)`` when ``return_lse`` is true; arrays of ``q``'s framework.
 
     PyTorch tensors that require grad (with grad mode on) go through ``waveboost.torch.attention``,
     which autograd differentiates; ``out=`` is refused there. Gradients otherwise come from
-    ``attention_backward``.
+    ``attention_backward``. Inside a function ``torch.compile`` traces, calls without ``out=`` go
+    through the same custom op, so ``fullgraph=True`` holds.
     """
     check_backend(backend)
     causal = check_flag(causal, "causal")
@@ -291,29 +301,31 @@ def attention(
         other = _adapter_for(t, name)
         if other.name != adapter.name:
             raise TypeError(f"{name} is a {other.name} array but q is a {adapter.name} array; use one framework")
-    if adapter.name == "torch" and _torch_needs_grad((q, k, v)):
-        # Differentiable route: the waveboost::attention custom op and its autograd formula.
+    descales = (q_descale, k_descale, v_descale)
+    fp8 = check_fp8(q, backend, descales)
+    if adapter.name == "torch" and (_torch_needs_grad((q, k, v) + (descales if fp8 else ()))
+                                    or (out is None and _torch_compiling())):
+        # Differentiable route: the waveboost::attention custom op and its autograd formula; also
+        # what torch.compile traces (the DLPack route would break its graph).
         if out is not None:
             raise ValueError("out= cannot be used when q, k or v requires grad (with grad mode on): the result "
                              "must be a new tensor for autograd to differentiate; drop out=, or call under "
                              "torch.no_grad()")
         from . import torch as waveboost_torch
 
-        return waveboost_torch.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                         return_lse=return_lse, backend=backend)
-    fp8 = _is_float8(q)
-    descales = (q_descale, k_descale, v_descale)
-    if not fp8 and any(d is not None for d in descales):
-        raise ValueError(f"q_descale, k_descale and v_descale apply to float8_e4m3fn inputs; q has dtype {q.dtype}")
+        return waveboost_torch.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                                         backend=backend, q_descale=q_descale, k_descale=k_descale,
+                                         v_descale=v_descale)
     if backend in ("auto", "cpu") and _is_host_half(adapter, q, k, v, out):
         return _attention_host_half(adapter, q, k, v, causal, softmax_scale, out, return_lse)
     if adapter.name == "jax":
         from . import jax as waveboost_jax
 
-        if out is None and not fp8 and waveboost_jax.ffi_available():
+        if out is None and waveboost_jax.ffi_available():
             # XLA's own route: outputs from XLA, kernel on XLA's stream, no sync; works under jit too.
             return waveboost_jax.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                           return_lse=return_lse, backend=backend)
+                                           return_lse=return_lse, backend=backend, q_descale=q_descale,
+                                           k_descale=k_descale, v_descale=v_descale)
         waveboost_jax._check_dlpack_fallback((q, k, v, out), out is not None)
     shape = _check_shape(q, "q")
     if out is not None and getattr(getattr(out, "flags", None), "writeable", True) is False:
@@ -326,8 +338,8 @@ def attention(
     args = (prep(q, "q"), prep(k, "k"), prep(v, "v"), prep(out, "out"), None if lse is None else prep(lse, "lse"))
     if fp8:
         batch, heads_kv = shape[0], _check_shape(k, "k")[2]
-        descales = tuple(None if d is None else prep(_descale_array(adapter, d, q, batch, heads_kv, name), name)
-                         for name, d in zip(("q_descale", "k_descale", "v_descale"), descales))
+        descales = tuple(None if d is None else prep(_descale_array(adapter.name, d, q, batch, heads_kv, name), name)
+                         for name, d in zip(DESCALE_NAMES, descales))
     try:
         _waveboost.forward(*args, causal, softmax_scale, backend, stream, *(descales if fp8 else ()))
     except TypeError as e:
@@ -344,28 +356,65 @@ def _is_float8(x: Any) -> bool:
     return str(getattr(x, "dtype", "")).rsplit(".", 1)[-1] == "float8_e4m3fn"
 
 
-def _descale_array(adapter: _Adapter, d: Any, like: Any, batch: int, heads_kv: int, arg: str) -> Any:
-    """A descale factor as the float32 (batch, heads_kv) array the kernel reads: a float becomes one
-    (on like's device), an array of one element is repeated (stride 0 where the framework allows)."""
+DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
+# The backends that take float8_e4m3fn q, k, v.
+FP8_BACKENDS = ("auto", "wgmma")
+
+
+def check_fp8(q: Any, backend: str, descales: tuple) -> bool:
+    """Whether q is float8_e4m3fn, for every front end (eager, the torch op, JAX's custom call):
+    descale factors apply to FP8 inputs only, which run on FP8_BACKENDS. k's and v's dtypes are
+    checked with the other dtype rules (they must share q's)."""
+    fp8 = _is_float8(q)
+    if not fp8:
+        if any(d is not None for d in descales):
+            raise ValueError("q_descale, k_descale and v_descale apply to float8_e4m3fn inputs; "
+                             f"q has dtype {getattr(q, 'dtype', None)}")
+    elif backend not in FP8_BACKENDS:
+        raise ValueError(f"float8_e4m3fn q, k, v run on the 'wgmma' backend (Hopper; or 'auto', which picks it); "
+                         f"got backend {backend!r}")
+    return fp8
+
+
+def fp8_no_backward(advice: str) -> str:
+    """The message of a differentiation through an FP8 call, with the framework's way around it."""
+    return f"float8_e4m3fn attention has no backward pass (FP8 is forward only); {advice}"
+
+
+def check_descale(d: Any, arg: str, framework: str, batch: int, heads_kv: int) -> bool:
+    """A descale factor checked against the FP8 convention: a finite float (True is returned) or a
+    float32 array of q's framework with shape (batch, heads_kv) or one element (False)."""
     if isinstance(d, (int, float)) and not isinstance(d, bool):
         if not math.isfinite(d):
             raise ValueError(f"{arg} must be finite; got {d}")
-        if adapter.name == "torch":
+        return True
+    if not hasattr(d, "shape") or isinstance(d, bool) or _adapter_for(d, arg).name != framework:
+        raise TypeError(f"{arg} must be a float or a float32 {framework} array like q; "
+                        f"got {type(d).__module__}.{type(d).__qualname__}")
+    dtype = str(d.dtype).rsplit(".", 1)[-1]
+    if dtype != "float32":
+        raise TypeError(f"{arg} must have dtype float32; got {dtype}")
+    shape = tuple(d.shape)
+    if shape != (batch, heads_kv) and math.prod(shape) != 1:
+        raise ValueError(f"{arg} must have shape (batch, heads_kv) = ({batch}, {heads_kv}) or one element; "
+                         f"got shape {shape}")
+    return False
+
+
+def _descale_array(framework: str, d: Any, like: Any, batch: int, heads_kv: int, arg: str) -> Any:
+    """A descale factor as the float32 (batch, heads_kv) array the kernel reads: a float becomes one
+    (on like's device), an array of one element is repeated (stride 0 where the framework allows)."""
+    if check_descale(d, arg, framework, batch, heads_kv):
+        if framework == "torch":
             import torch
 
             return torch.full((1, 1), float(d), dtype=torch.float32, device=like.device).expand(batch, heads_kv)
         import jax.numpy as jnp
 
         return jnp.full((batch, heads_kv), float(d), dtype=jnp.float32, device=like.device)
-    if _adapter_for(d, arg).name != adapter.name:
-        raise TypeError(f"{arg} must be a float or a {adapter.name} array like q; got {type(d).__name__}")
-    shape = tuple(d.shape)
-    if shape != (batch, heads_kv):
-        if math.prod(shape) != 1:
-            raise ValueError(f"{arg} must have shape (batch, heads_kv) = ({batch}, {heads_kv}) or one element; "
-                             f"got shape {shape}")
+    if tuple(d.shape) != (batch, heads_kv):
         d = d.reshape(1, 1)
-        d = d.expand(batch, heads_kv) if adapter.name == "torch" else d.repeat(batch, 0).repeat(heads_kv, 1)
+        d = d.expand(batch, heads_kv) if framework == "torch" else d.repeat(batch, 0).repeat(heads_kv, 1)
     return d
 
 

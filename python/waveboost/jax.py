@@ -14,6 +14,9 @@ Differentiable in reverse mode: ``attention`` is a ``jax.custom_vjp`` whose back
 custom call (target ``waveboost_attention_backward``), so ``jax.grad``, ``jax.vjp`` and
 ``jax.checkpoint`` work, under ``jit`` and ``vmap`` too. A cotangent flowing into the returned lse
 is honoured. Forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``) is not provided.
+
+float8_e4m3fn q, k, v (Hopper's ``wgmma`` forward) go through the same custom call, with their
+descale factors as operands; they have no backward, and ``jax.grad`` through them raises.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _waveboost
-from ._api import BACKENDS, _max_length, check_flag, check_softmax_scale, varlen_args, varlen_max_lengths
+from ._api import (BACKENDS, DESCALE_NAMES, _max_length, check_backend, check_descale, check_flag, check_fp8,
+                   check_softmax_scale, fp8_no_backward, varlen_args, varlen_max_lengths)
 
 __all__ = ["BACKWARD_TARGET_NAME", "KVCACHE_TARGET_NAME", "MERGE_TARGET_NAME", "TARGET_NAME", "VARLEN_TARGET_NAME",
            "attention", "attention_backward", "attention_varlen", "attention_with_kvcache", "ffi_available",
@@ -98,8 +102,9 @@ def _static_scale(softmax_scale: Any, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if scale is None else scale
 
 
-def _check_inputs(q: Any, k: Any, v: Any, backend: str) -> None:
-    """Trace-time checks, so mistakes raise here with a message instead of inside XLA."""
+def _check_inputs(q: Any, k: Any, v: Any, backend: str, fp8: bool = False) -> None:
+    """Trace-time checks, so mistakes raise here with a message instead of inside XLA. With `fp8`
+    (see check_fp8), q, k and v are float8_e4m3fn."""
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
     for name, x, layout in (("q", q, "(batch, seqlen_q, heads, head_dim)"),
@@ -108,7 +113,7 @@ def _check_inputs(q: Any, k: Any, v: Any, backend: str) -> None:
         if jnp.ndim(x) != 4:
             raise ValueError(f"{name} must be a 4-D array {layout}; got shape {jnp.shape(x)}")
     dtype = jnp.result_type(q)
-    if dtype not in _SUPPORTED_DTYPES:
+    if dtype not in _SUPPORTED_DTYPES and not fp8:
         raise TypeError(f"q must have dtype float16, bfloat16, float32 or float64; got {dtype}")
     for name, x in (("k", k), ("v", v)):
         if jnp.result_type(x) != dtype:
@@ -126,27 +131,34 @@ def _check_inputs(q: Any, k: Any, v: Any, backend: str) -> None:
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "softmax_scale", "backend"))
-def _attention_call(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, softmax_scale: float,
+def _attention_call(q: jax.Array, k: jax.Array, v: jax.Array, q_descale: jax.Array | None, k_descale: jax.Array | None,
+                    v_descale: jax.Array | None, *, causal: bool, softmax_scale: float,
                     backend: str) -> tuple[jax.Array, jax.Array]:
     batch, seqlen_q, heads, _ = q.shape
+    out_dtype = jnp.bfloat16 if q.dtype == jnp.float8_e4m3fn else q.dtype
     call = jax.ffi.ffi_call(
         TARGET_NAME,
-        (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seqlen_q), jnp.float32)),
+        (jax.ShapeDtypeStruct(q.shape, out_dtype), jax.ShapeDtypeStruct((batch, heads, seqlen_q), jnp.float32)),
         # vmap prepends the mapped axis to every operand and result; the handlers fold all
         # leading axes into batch. Unmapped operands (e.g. shared k, v) are broadcast first.
         vmap_method="broadcast_all",
     )
-    return call(q, k, v, causal=np.bool_(causal), softmax_scale=np.float64(softmax_scale), backend=backend)
+    absent = jnp.zeros((0,), jnp.float32)  # the operand of a descale not given (has_*_descale false)
+    descales = (q_descale, k_descale, v_descale)
+    return call(q, k, v, *(absent if d is None else d for d in descales), causal=np.bool_(causal),
+                softmax_scale=np.float64(softmax_scale), backend=backend,
+                **{f"has_{name}": np.bool_(d is not None) for name, d in zip(DESCALE_NAMES, descales)})
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _attention_differentiable(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, softmax_scale: float,
                               backend: str) -> tuple[jax.Array, jax.Array]:
-    return _attention_call(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend)
+    return _attention_call(q, k, v, None, None, None, causal=causal, softmax_scale=softmax_scale, backend=backend)
 
 
 def _attention_fwd(q, k, v, causal, softmax_scale, backend):
-    out, lse = _attention_call(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend)
+    out, lse = _attention_call(q, k, v, None, None, None, causal=causal, softmax_scale=softmax_scale,
+                               backend=backend)
     return (out, lse), (q, k, v, out, lse)
 
 
@@ -164,6 +176,42 @@ def _attention_bwd(causal, softmax_scale, backend, residuals, cotangents):
 _attention_differentiable.defvjp(_attention_fwd, _attention_bwd)
 
 
+# FP8 has no backward: differentiating through the call (with respect to q, k, v, the descales or
+# anything they come from) raises, rather than JAX's generic "no differentiation rule".
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _attention_fp8(q: jax.Array, k: jax.Array, v: jax.Array, q_descale: jax.Array | None,
+                   k_descale: jax.Array | None, v_descale: jax.Array | None, causal: bool, softmax_scale: float,
+                   backend: str) -> tuple[jax.Array, jax.Array]:
+    return _attention_call(q, k, v, q_descale, k_descale, v_descale, causal=causal, softmax_scale=softmax_scale,
+                           backend=backend)
+
+
+def _attention_fp8_fwd(q, k, v, q_descale, k_descale, v_descale, causal, softmax_scale, backend):
+    return _attention_call(q, k, v, q_descale, k_descale, v_descale, causal=causal, softmax_scale=softmax_scale,
+                           backend=backend), None
+
+
+def _attention_fp8_bwd(causal, softmax_scale, backend, residuals, cotangents):
+    raise NotImplementedError(fp8_no_backward(
+        "jax.grad and jax.vjp cannot differentiate waveboost.jax.attention on float8_e4m3fn inputs; apply "
+        "jax.lax.stop_gradient to its inputs if no gradient should flow through it"))
+
+
+_attention_fp8.defvjp(_attention_fp8_fwd, _attention_fp8_bwd)
+
+
+def _descale_operand(d: Any, arg: str, q: Any, batch: int, heads_kv: int) -> jax.Array:
+    """A descale factor as the float32 (batch, heads_kv) operand of the custom call (under jit too:
+    a Python float becomes a constant array, an array of one element is broadcast)."""
+    if check_descale(d, arg, "jax", batch, heads_kv):
+        d = jnp.asarray(d, jnp.float32)
+    elif all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in (d, q)) and \
+            d.devices() != q.devices():
+        raise ValueError(f"{arg} is on {sorted(str(x) for x in d.devices())} but q is on "
+                         f"{sorted(str(x) for x in q.devices())}; all arrays must be on one device")
+    return jnp.broadcast_to(jnp.reshape(d, (1, 1)) if jnp.shape(d) != (batch, heads_kv) else d, (batch, heads_kv))
+
+
 def attention(
     q: Any,
     k: Any,
@@ -173,6 +221,9 @@ def attention(
     softmax_scale: float | None = None,
     return_lse: bool = False,
     backend: str = "auto",
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """``waveboost.attention`` for JAX: an XLA custom call, usable under ``jit`` and ``vmap``.
 
@@ -181,12 +232,27 @@ def attention(
     the results. ``causal``, ``softmax_scale`` and ``backend`` are static (Python values, not
     traced arrays). An explicit ``backend`` that cannot run the call fails when XLA executes it,
     with waveboost's message.
+
+    FP8: q, k and v may be ``float8_e4m3fn`` (backend ``"wgmma"`` or ``"auto"``; Hopper, head dim
+    128), with ``q_descale``, ``k_descale`` and ``v_descale`` as in ``waveboost.attention``: a
+    float, or a float32 array of shape (batch, heads_kv) or of one element (traced arrays too).
+    ``out`` is then bfloat16. FP8 has no backward: ``jax.grad`` through such a call raises
+    ``NotImplementedError``.
     """
     _require_ffi((q, k, v))
-    _check_inputs(q, k, v, backend)
+    descales = (q_descale, k_descale, v_descale)
+    fp8 = check_fp8(q, check_backend(backend), descales)
+    _check_inputs(q, k, v, backend, fp8)
     softmax_scale = _static_scale(softmax_scale, jnp.shape(q)[3])
-    _registered_backward_platforms()
-    out, lse = _attention_differentiable(q, k, v, check_flag(causal, "causal"), softmax_scale, backend)
+    causal = check_flag(causal, "causal")
+    if fp8:
+        batch, heads_kv = jnp.shape(q)[0], jnp.shape(k)[2]
+        descales = tuple(None if d is None else _descale_operand(d, name, q, batch, heads_kv)
+                         for name, d in zip(DESCALE_NAMES, descales))
+        out, lse = _attention_fp8(q, k, v, *descales, causal, softmax_scale, backend)
+    else:
+        _registered_backward_platforms()
+        out, lse = _attention_differentiable(q, k, v, causal, softmax_scale, backend)
     return (out, lse) if return_lse else out
 
 

@@ -10,6 +10,9 @@ Differentiable: the op's autograd formula saves q, k, v, out and lse and calls a
 ``torch.ops.waveboost.attention_backward`` (also with a fake implementation), so
 ``torch.compile(fullgraph=True)`` traces forward and backward alike. A gradient flowing into the
 returned lse is honoured (it adds ``dlse * P`` to the score gradient).
+
+float8_e4m3fn q, k, v take the op's optional descale tensors (Hopper's ``wgmma`` forward, bfloat16
+output); they have no backward, so autograd recording such a call raises.
 """
 
 from __future__ import annotations
@@ -26,27 +29,34 @@ __all__ = ["MultiheadAttention", "attention", "attention_varlen", "attention_wit
 @torch.library.custom_op(
     "waveboost::attention",
     mutates_args=(),
-    schema="(Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale, str backend) -> (Tensor, Tensor)",
+    schema="(Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale, str backend, Tensor? q_descale=None, "
+    "Tensor? k_descale=None, Tensor? v_descale=None) -> (Tensor, Tensor)",
 )
 def _attention_op(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float | None, backend: str
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float | None, backend: str,
+    q_descale: Tensor | None = None, k_descale: Tensor | None = None, v_descale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     # The DLPack route: outputs from torch.empty (the caching allocator, or a CUDA graph's
     # private pool under capture), kernel on torch.cuda.current_stream(q.device).
     # Detached: inside the op, autograd is this op's own formula, not the generic API's route.
     q, k, v = q.detach(), k.detach(), v.detach()
-    return _api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend)
+    q_descale, k_descale, v_descale = (None if d is None else d.detach() for d in (q_descale, k_descale, v_descale))
+    return _api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend,
+                          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 @_attention_op.register_fake
 def _attention_fake(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float | None, backend: str
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float | None, backend: str,
+    q_descale: Tensor | None = None, k_descale: Tensor | None = None, v_descale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     if q.dim() != 4:
         raise ValueError(f"q must be a 4-D tensor (batch, seqlen_q, heads, head_dim); got shape {tuple(q.shape)}")
     batch, seqlen_q, heads, _ = q.shape
-    # Contiguous, like the real implementation's torch.empty (empty_like would copy q's strides).
-    return q.new_empty(q.shape), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+    # Contiguous, like the real implementation's torch.empty (empty_like would copy q's strides);
+    # bfloat16 for float8_e4m3fn inputs, as the real implementation allocates.
+    out_dtype = torch.bfloat16 if _api._is_float8(q) else q.dtype
+    return q.new_empty(q.shape, dtype=out_dtype), q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
 
 
 # ---------------------------------------------------------------------------
@@ -86,7 +96,11 @@ def _attention_backward_fake(
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, causal, softmax_scale, backend = inputs
+    q, k, v, causal, softmax_scale, backend = inputs[:6]
+    if _api._is_float8(q):  # called only when autograd records the op: an input (or a descale) requires grad
+        raise NotImplementedError(_api.fp8_no_backward(
+            "autograd would record this call (an input requires grad, with grad mode on): detach the inputs or "
+            "call under torch.no_grad() / torch.inference_mode()"))
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.softmax_scale, ctx.backend = causal, softmax_scale, backend
@@ -104,7 +118,7 @@ def _backward(ctx, grad_out: Tensor, grad_lse: Tensor):
         grad_out, q, k, v, out, lse, grad_lse, ctx.causal, ctx.softmax_scale,
         torch.are_deterministic_algorithms_enabled(), backend,
     )
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -119,6 +133,9 @@ def attention(
     softmax_scale: float | None = None,
     return_lse: bool = False,
     backend: str = "auto",
+    q_descale: Tensor | float | None = None,
+    k_descale: Tensor | float | None = None,
+    v_descale: Tensor | float | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``waveboost.attention`` for PyTorch tensors, through the ``waveboost::attention`` custom op.
 
@@ -130,11 +147,21 @@ def attention(
     Differentiable with respect to q, k and v (through ``out`` and ``lse``). The backward runs on
     ``backend`` when it has a backward pass and on ``"auto"`` otherwise (``simt``, ``wmma``);
     ``torch.use_deterministic_algorithms(True)`` selects the deterministic backward.
+
+    FP8: float8_e4m3fn q, k, v with ``q_descale``, ``k_descale``, ``v_descale`` as in
+    ``waveboost.attention`` (a float becomes a float32 (batch, heads_kv) tensor passed to the op);
+    ``out`` is bfloat16. FP8 has no backward: a call that autograd would record (an input requires
+    grad, grad mode on) raises ``NotImplementedError``.
     """
     softmax_scale = _api.check_softmax_scale(softmax_scale)
     return_lse = _api.check_flag(return_lse, "return_lse")
-    out, lse = torch.ops.waveboost.attention(q, k, v, _api.check_flag(causal, "causal"), softmax_scale,
-                                             _api.check_backend(backend))
+    descales = (q_descale, k_descale, v_descale)
+    if _api.check_fp8(q, _api.check_backend(backend), descales):
+        batch, heads_kv = _api._check_shape(q, "q")[0], _api._check_shape(k, "k")[2]
+        descales = tuple(None if d is None else _api._descale_array("torch", d, q, batch, heads_kv, name)
+                         for name, d in zip(_api.DESCALE_NAMES, descales))
+    out, lse = torch.ops.waveboost.attention(q, k, v, _api.check_flag(causal, "causal"), softmax_scale, backend,
+                                             *descales)
     return (out, lse) if return_lse else out
 
 

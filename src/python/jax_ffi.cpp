@@ -74,6 +74,7 @@ fe::ElementType element_type(ffi::DataType type) {
     case ffi::DataType::F32: return {fe::ElementKind::kFloat, 32, 1};
     case ffi::DataType::F64: return {fe::ElementKind::kFloat, 64, 1};
     case ffi::DataType::BF16: return {fe::ElementKind::kBFloat, 16, 1};
+    case ffi::DataType::F8E4M3FN: return {fe::ElementKind::kFloat8E4M3FN, 8, 1};
     case ffi::DataType::C64: return {fe::ElementKind::kComplex, 64, 1};
     case ffi::DataType::C128: return {fe::ElementKind::kComplex, 128, 1};
     default: return {fe::ElementKind::kOpaque, static_cast<uint8_t>(8 * ffi::ByteWidth(type)), 1};
@@ -170,16 +171,33 @@ struct Handlers<ffi::Error(const Place&, Args...), Body> {
 #endif
 };
 
-ffi::Error attention(const Place& at, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, bool causal,
-                     double softmax_scale, std::string_view backend_name) {
+// An optional operand: described (and its vmap axes checked) only when `given`; XLA passes an empty
+// placeholder otherwise.
+std::optional<TensorArg> describe_if(bool given, const ffi::AnyBuffer& buf, const char* name, int rank,
+                                     const Place& at, const ffi::AnyBuffer& q) {
+  if (!given) return std::nullopt;
+  check_vmap_axes(buf, name, rank, q);
+  return describe(buf, at, rank);
+}
+
+const TensorArg* ptr(const std::optional<TensorArg>& t) { return t ? &*t : nullptr; }
+
+// float8_e4m3fn q, k, v may come with float32 (batch, heads_kv) descale factors.
+ffi::Error attention(const Place& at, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer q_descale,
+                     ffi::AnyBuffer k_descale, ffi::AnyBuffer v_descale, ffi::Result<ffi::AnyBuffer> out,
+                     ffi::Result<ffi::AnyBuffer> lse, bool causal, double softmax_scale, std::string_view backend_name,
+                     bool has_q_descale, bool has_k_descale, bool has_v_descale) {
   return guarded([&] {
     const Backend backend = fe::backend_from_name(std::string(backend_name));
     for (auto [buf, name, rank] : {std::tuple{&k, "k", 4}, {&v, "v", 4}, {&*out, "out", 4}, {&*lse, "lse", 3}})
       check_vmap_axes(*buf, name, rank, q);
+    const std::optional<TensorArg> qd = describe_if(has_q_descale, q_descale, "q_descale", 2, at, q),
+                                   kd = describe_if(has_k_descale, k_descale, "k_descale", 2, at, q),
+                                   vd = describe_if(has_v_descale, v_descale, "v_descale", 2, at, q);
     const TensorArg out_arg = describe(*out, at, 4), lse_arg = describe(*lse, at, 3);
-    const waveboost::AttentionParams p = fe::forward_params(
-        describe(q, at, 4), describe(k, at, 4), describe(v, at, 4), &out_arg, &lse_arg, causal, softmax_scale);
+    const waveboost::AttentionParams p =
+        fe::forward_params(describe(q, at, 4), describe(k, at, 4), describe(v, at, 4), &out_arg, &lse_arg, causal,
+                           softmax_scale, {ptr(qd), ptr(kd), ptr(vd)});
     return to_ffi_error(waveboost::attention_forward(p, backend, at.stream));
   });
 }
@@ -188,15 +206,21 @@ using AttentionHandlers = Handlers<decltype(attention), &attention>;
 
 }  // namespace
 
-#define WAVEBOOST_FORWARD_BINDING   \
-  .Arg<ffi::AnyBuffer>()     /* q */   \
-      .Arg<ffi::AnyBuffer>() /* k */   \
-      .Arg<ffi::AnyBuffer>() /* v */   \
-      .Ret<ffi::AnyBuffer>() /* out */ \
-      .Ret<ffi::AnyBuffer>() /* lse */ \
-      .Attr<bool>("causal")            \
-      .Attr<double>("softmax_scale")   \
-      .Attr<std::string_view>("backend")
+#define WAVEBOOST_FORWARD_BINDING                                            \
+  .Arg<ffi::AnyBuffer>()     /* q */                                         \
+      .Arg<ffi::AnyBuffer>() /* k */                                         \
+      .Arg<ffi::AnyBuffer>() /* v */                                         \
+      .Arg<ffi::AnyBuffer>() /* q_descale ((0,) unless has_q_descale) */     \
+      .Arg<ffi::AnyBuffer>() /* k_descale ((0,) unless has_k_descale) */     \
+      .Arg<ffi::AnyBuffer>() /* v_descale ((0,) unless has_v_descale) */     \
+      .Ret<ffi::AnyBuffer>() /* out (bfloat16 or float16 for e4m3 inputs) */ \
+      .Ret<ffi::AnyBuffer>() /* lse */                                       \
+      .Attr<bool>("causal")                                                  \
+      .Attr<double>("softmax_scale")                                         \
+      .Attr<std::string_view>("backend")                                     \
+      .Attr<bool>("has_q_descale")                                           \
+      .Attr<bool>("has_k_descale")                                           \
+      .Attr<bool>("has_v_descale")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(waveboost_jax_attention_cpu, AttentionHandlers::cpu,
                               ffi::Ffi::Bind() WAVEBOOST_FORWARD_BINDING);
