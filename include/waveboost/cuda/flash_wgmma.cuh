@@ -101,17 +101,6 @@ struct FlashWgmmaTraits {
   static_assert(kQTileBytes % kAtomBytes == 0 && kKVTileBytes % kAtomBytes == 0 && kBlockN % 8 == 0);
   static_assert(16 * kChunksPerRow % 32 == 0, "the epilogue stores whole warps of chunks");
 
-  // Exponentials on the FMA pipe (ExpSplit, core/softmax.cuh). Per warp and 32 scores, the two
-  // products hold a scheduler's share of the tensor cores ~8 clocks (256 flops a score at head dim 64
-  // in 16 bits, 512 in e4m3 at head dim 128) and the 32 exponentials its MUFU lanes 8 clocks (16 per
-  // clock and SM), while the softmax issues ~5 instructions in 16 bits (~6 in e4m3: its pack and the
-  // wider O rescale). A moved exponential costs ~8 more issue slots, so the two balance under the
-  // products' 8 clocks with a quarter of each row's column groups moved in 16 bits (MUFU 6, issue
-  // ~7) and an eighth in e4m3 (7 and 7). Head dim 128 in 16 bits (16 clocks of products) keeps every
-  // exponential on the MUFU. fp16's P keeps 10 mantissa bits: its polynomial has degree 4.
-  using Exp = ExpSplit<sizeof(Element) == 1 ? kKeyTiles / 8 : kHeadDim == 64 ? kKeyTiles / 4 : 0,
-                       std::is_same_v<Element, __half> ? 4 : 3>;
-
   using ScoreFragments = WgmmaFragments<kKeyTiles>;        // S and P, one warp's 16 rows
   using OutFragments = WgmmaFragments<kHeadDim / 8>;       // O, one warp's 16 rows
   static_assert(sizeof(typename ScoreFragments::Array) == kScoreRegs * sizeof(float));
@@ -308,7 +297,7 @@ __device__ __forceinline__ void attend_tile(float (&o)[Traits::kOutRegs], uint32
 
   if constexpr (kMasked) mask.template mask_tile<typename Traits::ScoreFragments, Traits::kBlockN>(s, row, n0, t);
   float alpha[Softmax::kRows];
-  [[maybe_unused]] const bool raised = __any_sync(kFullWarpMask, softmax.template step<false, typename Traits::Exp>(s, alpha, scale_log2));
+  [[maybe_unused]] const bool raised = __any_sync(kFullWarpMask, softmax.template step<false>(s, alpha, scale_log2));
 
   if constexpr (!kFirst) {  // tile 0 meets O = 0: nothing to rescale
     wgmma::wait_group<0>();

@@ -161,30 +161,4 @@ __device__ __forceinline__ float exp2(float x) {
   return y;
 }
 
-// 2^x on the FMA pipe, for kernels whose exponentials the special-function unit (16 per clock and
-// SM, a quarter of the 16-bit tensor cores' pace at head dim 64) cannot keep up with: x rounded to
-// the nearest integer n by adding 1.5 * 2^23 (the exponent bias 127 rides in the same constant, so
-// the sum's low bits are n + 127), 2^(x - n) on [-1/2, 1/2] by a polynomial whose constant term is
-// 1, times 2^n built in the exponent field. x <= -127 (and -inf) gives exactly +0, as exp2 does;
-// NaN stays NaN (max.NaN clamps). Needs x < 127.5. Relative error in float: kDegree 3 1.2e-4 (under
-// the rounding of a bf16 or e4m3 P), kDegree 4 3.1e-6 (under fp16's); the coefficients are minimax
-// for relative error with the constant term held at 1.
-template <int kDegree>
-__device__ __forceinline__ float exp2_fma_pipe(float x) {
-  static_assert(kDegree == 3 || kDegree == 4, "degree 3 or 4");
-  constexpr float kShift = 12582912.0f + 127.0f;
-  float clamped;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(clamped) : "f"(x), "f"(-127.0f));
-  const float shifted = __fadd_rn(clamped, kShift);
-  const float f = __fsub_rn(clamped, __fsub_rn(shifted, kShift));  // in [-1/2, 1/2]
-  float poly;
-  if constexpr (kDegree == 3) {
-    poly = fmaf(fmaf(0.055335143f, f, 0.24229739f), f, 0.69322545f);
-  } else {
-    poly = fmaf(fmaf(fmaf(0.0095884808f, f, 0.05591978f), f, 0.24024053f), f, 0.69312228f);
-  }
-  poly = fmaf(poly, f, 1.0f);
-  return poly * __int_as_float(__float_as_int(shifted) << 23);
-}
-
 }  // namespace waveboost::cuda::mma

@@ -3,8 +3,7 @@
 //
 // Per key tile, with c = softmax_scale * log2(e) and the running row max m in scaled log2 units:
 //   m_new = max(m, c * rowmax(S))     a row spans one quad: two shuffles
-//   P     = exp2(c * S - m_new)       one FFMA + ex2 per score, in place over S (some ex2 on the
-//                                     FMA pipe where the caller's ExpSplit says so)
+//   P     = exp2(c * S - m_new)       one FFMA + ex2 per score, in place over S
 //   l     = exp2(m - m_new) * l + rowsum(P)
 //   alpha = exp2(m - m_new)           the caller rescales O by it (rescale, or its own FFMA)
 // l is this thread's partial sum over its columns; the quad's partials meet once, in finalize.
@@ -40,26 +39,6 @@ __device__ __forceinline__ float positive_scale_log2(const AttentionParams& p) {
   return fmaxf(static_cast<float>(fabs(p.softmax_scale) * kLog2e), kSmallestNormalFloat);
 }
 
-/// \brief Which exponentials of a score tile leave the special-function unit for the FMA pipe
-/// (mma::exp2_fma_pipe): kFmaTiles of each row's column groups, spread evenly over the row, with a
-/// polynomial of degree kDegree. ExpSplit<> keeps every exponential on the MUFU.
-template <int kFmaTiles_ = 0, int kDegree_ = 3>
-struct ExpSplit {
-  static constexpr int kFmaTiles = kFmaTiles_;
-  static constexpr int kDegree = kDegree_;
-  /// Whether column group nt of kNTiles takes the FMA pipe.
-  template <int kNTiles>
-  __device__ __forceinline__ static constexpr bool on_fma_pipe(int nt) {
-    return (nt * kFmaTiles) % kNTiles < kFmaTiles;
-  }
-  __device__ __forceinline__ static float exp2(float x, bool fma_pipe) {
-    if constexpr (kFmaTiles > 0) {
-      if (fma_pipe) return mma::exp2_fma_pipe<kDegree>(x);
-    }
-    return mma::exp2(x);
-  }
-};
-
 /// \brief Running row max and sum of one thread's rows, and the steps that update them.
 /// \tparam Fragments the score accumulator layout (core/fragments.cuh).
 template <typename Fragments>
@@ -83,8 +62,7 @@ struct OnlineSoftmax {
   /// alpha[r] = exp2(m_old - m_new) is what O still needs. Returns whether this thread raised
   /// a row max (else every alpha is exactly 1).
   /// \tparam kPrescaled scores are already c S (scale_log2 is then unused); else scale_log2 = c > 0.
-  /// \tparam Exp which exponentials run on the FMA pipe (ExpSplit).
-  template <bool kPrescaled, typename Exp, typename Emit>
+  template <bool kPrescaled, typename Emit>
   __device__ __forceinline__ bool step(Scores& s, float (&alpha)[kRows], float scale_log2, Emit emit) {
     bool raised = false;
     bool huge = false;
@@ -128,9 +106,8 @@ struct OnlineSoftmax {
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < Fragments::kNTiles; ++nt) {
-        const bool fma_pipe = Exp::template on_fma_pipe<Fragments::kNTiles>(nt);
-        const float p0 = Exp::exp2(fmaf(Fragments::at(s, r, nt, 0), factor, neg_reference[r]), fma_pipe);
-        const float p1 = Exp::exp2(fmaf(Fragments::at(s, r, nt, 1), factor, neg_reference[r]), fma_pipe);
+        const float p0 = mma::exp2(fmaf(Fragments::at(s, r, nt, 0), factor, neg_reference[r]));
+        const float p1 = mma::exp2(fmaf(Fragments::at(s, r, nt, 1), factor, neg_reference[r]));
         sum += p0 + p1;
         emit(r, nt, p0, p1);
       }
@@ -140,9 +117,9 @@ struct OnlineSoftmax {
   }
 
   /// \brief step, leaving P in place of the scores.
-  template <bool kPrescaled, typename Exp = ExpSplit<>>
+  template <bool kPrescaled>
   __device__ __forceinline__ bool step(Scores& s, float (&alpha)[kRows], float scale_log2) {
-    return step<kPrescaled, Exp>(s, alpha, scale_log2, [&](int r, int nt, float p0, float p1) {
+    return step<kPrescaled>(s, alpha, scale_log2, [&](int r, int nt, float p0, float p1) {
       Fragments::at(s, r, nt, 0) = p0;
       Fragments::at(s, r, nt, 1) = p1;
     });
@@ -153,7 +130,7 @@ struct OnlineSoftmax {
   template <typename Element>
   __device__ __forceinline__ bool step_packed(Scores& s, float (&alpha)[kRows], float scale_log2,
                                               typename Fragments::Operand& p) {
-    return step<false, ExpSplit<>>(s, alpha, scale_log2, [&](int r, int nt, float p0, float p1) {
+    return step<false>(s, alpha, scale_log2, [&](int r, int nt, float p0, float p1) {
       Fragments::operand(p, r, nt) = pack_pair<Element>(p0, p1);
     });
   }
