@@ -243,7 +243,7 @@ bool pack_kv(const AttentionParams& p, PackedKv* packed) {
   if (k_head_bytes + v_head_bytes > kPackMaxBytes / heads) return false;
   // The packed rows start on a cache line: at new char[]'s address (16 bytes into a page, from
   // glibc, for a buffer this large) every V row and K^T panel row, 64 bytes per micro-tile step,
-  // straddled two lines, and the fp32 kernel ran 5-16% slower on a Zen 3 core (benchmarks/NOTES.md).
+  // straddled two lines, and the fp32 kernel ran 4-10% slower on a Zen 3 core (benchmarks/NOTES.md).
   // Aligned by hand: from aligned operator new, glibc mapped and zeroed fresh pages on every call.
   constexpr int64_t kLine = 64;
   const int64_t bytes = heads * (k_head_bytes + v_head_bytes);

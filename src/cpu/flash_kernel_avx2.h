@@ -53,11 +53,11 @@ struct Ymm<double> {
   static WAVEBOOST_CPU_AVX2_INLINE V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
 };
 
-// The micro-tiles' inner loops are unrolled four times (WAVEBOOST_CPU_AVX2_UNROLL): rolled, each step of a
-// 6 x 2 tile was 12 FMAs, 8 loads and 4 loop instructions (3 pointer or index increments, a fused
-// compare and branch), and on a Zen 3 core, which issues two FMAs per clock, the whole fp32 kernel
-// ran 6-8% faster unrolled at head dim 128 (one core, paired; 2 and 8 times: 0.4-2% slower than 4;
-// benchmarks/NOTES.md). The FMAs and their order are unchanged: bitwise the same results.
+// The micro-tiles' inner loops are unrolled four times (WAVEBOOST_CPU_AVX2_UNROLL). Rolled, each
+// step of a 6 x 2 tile was 12 FMAs, 8 loads and 4 loop instructions (3 pointer or index increments,
+// a fused compare and branch); on a Zen 3 core, which issues two FMAs per clock, the whole fp32
+// kernel ran 4-9% faster unrolled, the fp64 one 11-13% (one core, paired; 2 and 8 times: 0.4-2%
+// slower than 4; benchmarks/NOTES.md). The FMAs and their order are unchanged: bitwise the same.
 #define WAVEBOOST_CPU_AVX2_UNROLL _Pragma("GCC unroll 4")
 
 // scores_microtile: s[j][i] = sum_d k[j][d] * q_t[d][i] for kKeys x kVecs registers.

@@ -70,10 +70,8 @@ WAVEBOOST_CPU_AVX2 inline void pack_key_panels(const float* k, int64_t row_strid
     if (keys == kPanelKeys) {
       for (int64_t t0 = 0; t0 < kPanelKeys; t0 += 8)
         for (int64_t d = 0; d < head_dim; d += 8) {
-          const float* const rows[8] = {k + (j0 + t0) * row_stride + d,     k + (j0 + t0 + 1) * row_stride + d,
-                                        k + (j0 + t0 + 2) * row_stride + d, k + (j0 + t0 + 3) * row_stride + d,
-                                        k + (j0 + t0 + 4) * row_stride + d, k + (j0 + t0 + 5) * row_stride + d,
-                                        k + (j0 + t0 + 6) * row_stride + d, k + (j0 + t0 + 7) * row_stride + d};
+          const float* rows[8];
+          for (int r = 0; r < 8; ++r) rows[r] = k + (j0 + t0 + r) * row_stride + d;
           transpose_8x8(rows, panel + d * kPanelKeys + t0, kPanelKeys);
         }
       continue;
