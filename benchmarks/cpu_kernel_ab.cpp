@@ -41,13 +41,14 @@ extern "C" __attribute__((target("avx2,fma"), noinline)) void WAVEBOOST_AB_CAT(r
     const float* q, const float* k, const float* v, float* o, int L, int D, int H, int causal) {
   using Config = Avx2Config<float>;
   const int64_t ldv = round_up(D, Config::kLanes) + TileSteps<Config>::kScratchPad;
-  thread_local std::vector<float> k_packed, v_packed;
-  k_packed.resize(size_t(round_up(L, 16)) * D);
-  v_packed.resize(size_t(L) * ldv);
+  // 64-byte aligned, as pack_kv's storage (cpu_attention.cpp).
+  thread_local ScratchArray<float> k_storage, v_storage;
+  float* k_packed = k_storage.get(size_t(round_up(L, 16)) * D);
+  float* v_packed = v_storage.get(size_t(L) * ldv);
   AttentionParams p;
   p.q = q;
-  p.k = k_packed.data();
-  p.v = v_packed.data();
+  p.k = k_packed;
+  p.v = v_packed;
   p.out = o;
   p.q_row_stride = p.o_row_stride = int64_t(H) * D;
   p.k_row_stride = D;
@@ -60,18 +61,18 @@ extern "C" __attribute__((target("avx2,fma"), noinline)) void WAVEBOOST_AB_CAT(r
   p.softmax_scale = 1.0 / std::sqrt(double(D));
   p.is_causal = causal != 0;
   for (int j = 0; j < L; ++j)
-    std::copy(v + size_t(j) * H * D, v + size_t(j) * H * D + D, v_packed.data() + size_t(j) * ldv);
+    std::copy(v + size_t(j) * H * D, v + size_t(j) * H * D + D, v_packed + size_t(j) * ldv);
 #ifdef WAVEBOOST_AB_ROWS
   thread_local RowScratch scratch;
-  pack_key_panels(k, int64_t(H) * D, L, D, k_packed.data());
+  pack_key_panels(k, int64_t(H) * D, L, D, k_packed);
   KeyPanels panels;
-  panels.data = k_packed.data();
+  panels.data = k_packed;
   for (int64_t row = 0; row < L; row += Config::kBlockM)
     attention_query_block_rows(p, panels, QueryBlock{0, 0, row, std::min<int64_t>(Config::kBlockM, L - row)}, scratch);
 #else
   thread_local Scratch<float> scratch;
   for (int j = 0; j < L; ++j)
-    std::copy(k + size_t(j) * H * D, k + size_t(j) * H * D + D, k_packed.data() + size_t(j) * D);
+    std::copy(k + size_t(j) * H * D, k + size_t(j) * H * D + D, k_packed + size_t(j) * D);
   for (int64_t row = 0; row < L; row += Config::kBlockM)
     attention_query_block<Config>(p, QueryBlock{0, 0, row, std::min<int64_t>(Config::kBlockM, L - row)}, scratch);
 #endif

@@ -87,7 +87,9 @@ int main(int argc, char** argv) {
   }
   std::vector<float> q(static_cast<size_t>(L) * H * D), k(q.size()), v(q.size()), o(q.size());
   const int64_t ldv = round_up(D, Config::kLanes) + TileSteps<Config>::kScratchPad;
-  std::vector<float> k_packed(static_cast<size_t>(round_up(L, kPanelKeys)) * D), v_packed(static_cast<size_t>(L) * ldv);
+  ScratchArray<float> k_storage, v_storage;  // 64-byte aligned, as pack_kv's storage (cpu_attention.cpp)
+  float* k_packed = k_storage.get(static_cast<size_t>(round_up(L, kPanelKeys)) * D);
+  float* v_packed = v_storage.get(static_cast<size_t>(L) * ldv);
   std::mt19937 gen(1);
   std::normal_distribution<float> normal;
   for (auto* x : {&q, &k, &v})
@@ -119,10 +121,10 @@ int main(int argc, char** argv) {
           if (pack == 1) std::copy(&k[size_t(j) * H * D], &k[size_t(j) * H * D] + D, &k_packed[size_t(j) * D]);
           std::copy(&v[size_t(j) * H * D], &v[size_t(j) * H * D] + D, &v_packed[size_t(j) * ldv]);
         }
-        if (pack == 2) pack_key_panels(k.data(), int64_t(H) * D, L, D, k_packed.data());
-        panels.data = k_packed.data();
-        run.k = k_packed.data();
-        run.v = v_packed.data();
+        if (pack == 2) pack_key_panels(k.data(), int64_t(H) * D, L, D, k_packed);
+        panels.data = k_packed;
+        run.k = k_packed;
+        run.v = v_packed;
         run.k_row_stride = D;
         run.v_row_stride = ldv;
       }

@@ -241,9 +241,17 @@ bool pack_kv(const AttentionParams& p, PackedKv* packed) {
   const int64_t k_head_bytes = (key_panels ? round_up(p.seqlen_k, kPanelKeys) : p.seqlen_k) * row_bytes;
   const int64_t v_head_bytes = p.seqlen_k * v_row_elems * elem;
   if (k_head_bytes + v_head_bytes > kPackMaxBytes / heads) return false;
-  packed->storage.reset(new (std::nothrow) char[heads * (k_head_bytes + v_head_bytes)]);
+  // The packed rows start on a cache line: at new char[]'s address (16 bytes into a page, from
+  // glibc, for a buffer this large) every V row and K^T panel row, 64 bytes per micro-tile step,
+  // straddled two lines, and the fp32 kernel ran 4-10% slower on a Zen 3 core (benchmarks/NOTES.md).
+  // Aligned by hand: from aligned operator new, glibc mapped and zeroed fresh pages on every call.
+  constexpr int64_t kLine = 64;
+  const int64_t bytes = heads * (k_head_bytes + v_head_bytes);
+  packed->storage.reset(new (std::nothrow) char[bytes + kLine]);
   if (packed->storage == nullptr) return false;
-  char* k_out = packed->storage.get();
+  void* line = packed->storage.get();
+  size_t space = bytes + kLine;
+  char* k_out = static_cast<char*>(std::align(kLine, bytes, line, space));
   char* v_out = k_out + heads * k_head_bytes;
   global_thread_pool().parallel_for(2 * heads, [&](int64_t task) {
     const bool is_v = task >= heads;
