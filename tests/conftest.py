@@ -10,6 +10,15 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py
 
+# torch.compile's on-disk caches in a folder of this run's own: the machine-wide default
+# (/tmp/torchinductor_<user>) can hold graphs compiled against another build of waveboost, whose
+# custom op then had another schema, and a cache hit replays that call (seen with the op's FP8
+# descale arguments: a 9-argument graph replayed against a 6-argument op).
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="waveboost-tests-inductor-")
+
 
 def _gpu_reason() -> str | None:
     """None when a CUDA device and a CUDA build of waveboost are present, else why not."""
