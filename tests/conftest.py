@@ -15,9 +15,12 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py
 # custom op then had another schema, and a cache hit replays that call (seen with the op's FP8
 # descale arguments: a 9-argument graph replayed against a 6-argument op).
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="waveboost-tests-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 
 def _gpu_reason() -> str | None:
