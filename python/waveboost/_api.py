@@ -238,10 +238,13 @@ def _torch_needs_grad(tensors: tuple) -> bool:
 
 
 def _torch_compiling() -> bool:
-    """Whether torch.compile (Dynamo) is tracing the caller."""
+    """Whether torch.compile (Dynamo) is tracing the caller (torch.compiler.is_compiling from torch
+    2.3; before it, torch._dynamo's, where torch has one)."""
     import torch
 
-    return torch.compiler.is_compiling()
+    is_compiling = getattr(torch.compiler, "is_compiling", None) or getattr(
+        getattr(torch, "_dynamo", None), "is_compiling", None)
+    return bool(is_compiling and is_compiling())
 
 
 def attention(
