@@ -340,9 +340,8 @@ def attention(
     prep = adapter.prepare
     args = (prep(q, "q"), prep(k, "k"), prep(v, "v"), prep(out, "out"), None if lse is None else prep(lse, "lse"))
     if fp8:
-        batch, heads_kv = shape[0], _check_shape(k, "k")[2]
-        descales = tuple(None if d is None else prep(_descale_array(adapter.name, d, q, batch, heads_kv, name), name)
-                         for name, d in zip(DESCALE_NAMES, descales))
+        descales = map_descales(descales, q, k, lambda d, arg, batch, heads_kv: prep(
+            _descale_array(adapter.name, d, q, batch, heads_kv, arg), arg))
     try:
         _waveboost.forward(*args, causal, softmax_scale, backend, stream, *(descales if fp8 else ()))
     except TypeError as e:
@@ -382,6 +381,13 @@ def check_fp8(q: Any, backend: str, descales: tuple) -> bool:
 def fp8_no_backward(advice: str) -> str:
     """The message of a differentiation through an FP8 call, with the framework's way around it."""
     return f"float8_e4m3fn attention has no backward pass (FP8 is forward only); {advice}"
+
+
+def map_descales(descales: tuple, q: Any, k: Any, convert: Any) -> tuple:
+    """The given descale factors (q's, k's, v's; None stays None) through convert(d, arg, batch,
+    heads_kv), with batch from q's shape and heads_kv from k's: what every FP8 front end does."""
+    batch, heads_kv = _check_shape(q, "q")[0], _check_shape(k, "k")[2]
+    return tuple(None if d is None else convert(d, name, batch, heads_kv) for name, d in zip(DESCALE_NAMES, descales))
 
 
 def check_descale(d: Any, arg: str, framework: str, batch: int, heads_kv: int) -> bool:

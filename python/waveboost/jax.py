@@ -32,7 +32,7 @@ import numpy as np
 
 from . import _waveboost
 from ._api import (BACKENDS, DESCALE_NAMES, _max_length, check_backend, check_descale, check_flag, check_fp8,
-                   check_softmax_scale, fp8_no_backward, varlen_args, varlen_max_lengths)
+                   check_softmax_scale, fp8_no_backward, map_descales, varlen_args, varlen_max_lengths)
 
 __all__ = ["BACKWARD_TARGET_NAME", "KVCACHE_TARGET_NAME", "MERGE_TARGET_NAME", "TARGET_NAME", "VARLEN_TARGET_NAME",
            "attention", "attention_backward", "attention_varlen", "attention_with_kvcache", "ffi_available",
@@ -246,9 +246,8 @@ def attention(
     softmax_scale = _static_scale(softmax_scale, jnp.shape(q)[3])
     causal = check_flag(causal, "causal")
     if fp8:
-        batch, heads_kv = jnp.shape(q)[0], jnp.shape(k)[2]
-        descales = tuple(None if d is None else _descale_operand(d, name, q, batch, heads_kv)
-                         for name, d in zip(DESCALE_NAMES, descales))
+        descales = map_descales(descales, q, k, lambda d, arg, batch, heads_kv: _descale_operand(
+            d, arg, q, batch, heads_kv))
         out, lse = _attention_fp8(q, k, v, *descales, causal, softmax_scale, backend)
     else:
         _registered_backward_platforms()

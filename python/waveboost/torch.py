@@ -157,9 +157,8 @@ def attention(
     return_lse = _api.check_flag(return_lse, "return_lse")
     descales = (q_descale, k_descale, v_descale)
     if _api.check_fp8(q, _api.check_backend(backend), descales):
-        batch, heads_kv = _api._check_shape(q, "q")[0], _api._check_shape(k, "k")[2]
-        descales = tuple(None if d is None else _api._descale_array("torch", d, q, batch, heads_kv, name)
-                         for name, d in zip(_api.DESCALE_NAMES, descales))
+        descales = _api.map_descales(descales, q, k, lambda d, arg, batch, heads_kv: _api._descale_array(
+            "torch", d, q, batch, heads_kv, arg))
     out, lse = torch.ops.waveboost.attention(q, k, v, _api.check_flag(causal, "causal"), softmax_scale, backend,
                                              *descales)
     return (out, lse) if return_lse else out
