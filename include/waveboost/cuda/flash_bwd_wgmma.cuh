@@ -142,85 +142,106 @@ __device__ __forceinline__ void pack_a(const float (&acc)[kSlices * 8], uint32_t
   }
 }
 
-/// \brief One block: kBlockN keys of one (batch, kv head).
 // ---- The per-step pieces both main kernels run (a warpgroup's 64 keys x kBlockM queries) ----
 
-/// \brief S^T = K Q^T and dP^T = V dO^T, waited for. k_rows / v_rows: the warpgroup's K and V
-/// rows in shared memory; q_tile / do_tile: the step's Q and dO. Accumulator 4 i + 2 hh + e: key
-/// key_row + g + 8 hh, query m0 + 8 i + 2 t + e.
+/// \brief K-major operand descriptor (K or V rows as A; Q or dO rows as B): 8-row groups 1024 B
+/// apart; k16 slice kk sits in panel kk / 4, 32 B * (kk % 4) into each row.
 template <typename Traits>
-__device__ __forceinline__ void transposed_scores(float (&st)[32], float (&dpt)[32], uint32_t k_rows, uint32_t v_rows,
-                                                  uint32_t q_tile, uint32_t do_tile) {
+__device__ __forceinline__ uint64_t kmajor_slice(uint32_t tile, int rows, int kk) {
+  return wgmma::descriptor_128b(tile + (kk / 4) * rows * Traits::kRowBytes + (kk % 4) * 32, 16, 8 * Traits::kRowBytes);
+}
+
+/// \brief Issues S^T = K Q^T (one commit group, not waited for): a's rows (the warpgroup's K rows
+/// or V rows) times b's (the step's Q or dO rows), head_dim deep.
+template <typename Traits>
+__device__ __forceinline__ void issue_transposed(float (&acc)[32], uint32_t a_rows, uint32_t b_rows) {
   using Element = typename Traits::Element;
-  constexpr int kRowBytes = Traits::kRowBytes;
-  // K-major operands (K and V rows as A; Q and dO rows as B): 8-row groups 1024 B apart; k16
-  // slice kk sits in panel kk / 4, 32 B * (kk % 4) into each row.
-  const auto kmajor = [](uint32_t tile, int rows, int kk) {
-    return wgmma::descriptor_128b(tile + (kk / 4) * rows * kRowBytes + (kk % 4) * 32, 16, 8 * kRowBytes);
-  };
   wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < Traits::kDimSlices; ++kk) {
+    const uint64_t a = kmajor_slice<Traits>(a_rows, Traits::kBlockN, kk);
+    const uint64_t b = kmajor_slice<Traits>(b_rows, Traits::kBlockM, kk);
     if (kk == 0) {
-      wgmma::mma_m64n64k16_ss<Element, false>(st, kmajor(k_rows, Traits::kBlockN, kk), kmajor(q_tile, Traits::kBlockM, kk));
+      wgmma::mma_m64n64k16_ss<Element, false>(acc, a, b);
     } else {
-      wgmma::mma_m64n64k16_ss<Element, true>(st, kmajor(k_rows, Traits::kBlockN, kk), kmajor(q_tile, Traits::kBlockM, kk));
-    }
-  }
-#pragma unroll
-  for (int kk = 0; kk < Traits::kDimSlices; ++kk) {
-    if (kk == 0) {
-      wgmma::mma_m64n64k16_ss<Element, false>(dpt, kmajor(v_rows, Traits::kBlockN, kk), kmajor(do_tile, Traits::kBlockM, kk));
-    } else {
-      wgmma::mma_m64n64k16_ss<Element, true>(dpt, kmajor(v_rows, Traits::kBlockN, kk), kmajor(do_tile, Traits::kBlockM, kk));
+      wgmma::mma_m64n64k16_ss<Element, true>(acc, a, b);
     }
   }
   wgmma::commit_group();
-  wgmma::wait_group<0>();
-  wgmma::fence_operands(st);
-  wgmma::fence_operands(dpt);
 }
 
-/// \brief P^T in place of S^T (masked, core/backward.cuh's backward_probability) and dS^T =
-/// P^T * (dP^T - D) in place of dP^T, for the step's query block at m0.
+/// \brief The rest of a step's four products, S^T = K Q^T already issued (issue_transposed, the
+/// last group in flight), with the warpgroup's elementwise work between them, so that the
+/// tensor cores have a product in flight while the warpgroup computes:
+///
+///   issue dP^T = V dO^T
+///   wait for S^T             -> P^T in place of S^T (exponentials under dP^T)
+///   issue dV += P^T dO
+///   wait for dP^T            -> dS^T = P^T (dP^T - D) (under dV)
+///   issue dK += dS^T Q       (committed, not waited for)
+///
+/// v_rows: the warpgroup's V rows in shared memory; do_tile: the step's dO (K-major, the B
+/// operand of dP^T); do_b / q_b: MN-major descriptors of the first Q / dO buffer, stage_bytes:
+/// the step's buffer offset. Accumulator 4 i + 2 hh + e of S^T and dP^T: key key_row + g + 8 hh,
+/// query m0 + 8 i + 2 t + e. pt / dst: the A fragments the dV and dK products read; the caller
+/// keeps them (and dv, dk) untouched until it waits for them.
 template <typename Traits, bool kCausal>
-__device__ __forceinline__ void probabilities_and_ds(float (&st)[32], float (&dpt)[32], const AttentionBackwardParams& p,
-                                                     const BackwardBlock& blk, int64_t m0, int key_row, int g, int t,
-                                                     float scale_log2, const float* lse_row, const float* d_row) {
+__device__ __forceinline__ void step_products(float (&st)[32], float (&dv)[Traits::kHeadDim / 2],
+                                              float (&dk)[Traits::kHeadDim / 2],
+                                              uint32_t (&pt)[Traits::kQuerySlices][4],
+                                              uint32_t (&dst)[Traits::kQuerySlices][4], uint32_t v_rows,
+                                              uint32_t do_tile, uint64_t do_b, uint64_t q_b, uint32_t stage_bytes,
+                                              const AttentionBackwardParams& p, const BackwardBlock& blk, int64_t m0,
+                                              int key_row, int g, int t, float scale_log2, const float* lse_row,
+                                              const float* d_row) {
+  using Element = typename Traits::Element;
+  float dpt[32];
+  issue_transposed<Traits>(dpt, v_rows, do_tile);
+
+  // P^T (masked, core/backward.cuh's backward_probability) while dP^T runs.
+  wgmma::wait_group<1>();
+  wgmma::fence_operands(st);
   with_step_mask<true>(backward_tile_masked<kCausal>(p, blk, Traits::kBlockN, m0), [&](auto masked) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int col = 8 * i + 2 * t + (j % 2);
-        const float prob = backward_probability<kCausal>(st[4 * i + j], scale_log2, lse_row[col], bool(masked),
-                                                         blk.n0 + key_row + g + 8 * (j / 2), m0 + col, p,
-                                                         blk.causal_offset);
-        st[4 * i + j] = prob;
-        dpt[4 * i + j] = prob * (dpt[4 * i + j] - d_row[col]);
+        st[4 * i + j] = backward_probability<kCausal>(st[4 * i + j], scale_log2, lse_row[col], bool(masked),
+                                                      blk.n0 + key_row + g + 8 * (j / 2), m0 + col, p,
+                                                      blk.causal_offset);
       }
     }
   });
-}
+  pack_a<Element, Traits::kQuerySlices>(st, pt);
 
-/// \brief Issues dV += P^T dO and dK += dS^T Q (committed, not waited for); do_b / q_b: MN-major
-/// descriptors of the first Q / dO buffer, stage_bytes: the step's buffer offset.
-template <typename Traits>
-__device__ __forceinline__ void issue_dv_dk(float (&dv)[Traits::kHeadDim / 2], float (&dk)[Traits::kHeadDim / 2],
-                                            uint32_t (&pt)[Traits::kQuerySlices][4],
-                                            uint32_t (&dst)[Traits::kQuerySlices][4], uint64_t do_b, uint64_t q_b,
-                                            uint32_t stage_bytes) {
-  using Element = typename Traits::Element;
+  // dV += P^T dO (m64nDk16, P^T from registers, dO MN-major).
   wgmma::fence_operands(dv);
-  wgmma::fence_operands(dk);
   wgmma::fence_operands(pt);
-  wgmma::fence_operands(dst);
   wgmma::fence();
 #pragma unroll
   for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
     wgmma::mma_m64nNk16_rs_tb<Element, Traits::kHeadDim>(
         dv, pt[ks], wgmma::advance(do_b, stage_bytes + ks * 16 * Traits::kRowBytes));
   }
+  wgmma::commit_group();
+
+  // dS^T = P^T (dP^T - D) while dV runs.
+  wgmma::wait_group<1>();
+  wgmma::fence_operands(dpt);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      dpt[4 * i + j] = st[4 * i + j] * (dpt[4 * i + j] - d_row[8 * i + 2 * t + (j % 2)]);
+    }
+  }
+  pack_a<Element, Traits::kQuerySlices>(dpt, dst);
+
+  // dK += dS^T Q.
+  wgmma::fence_operands(dk);
+  wgmma::fence_operands(dst);
+  wgmma::fence();
 #pragma unroll
   for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
     wgmma::mma_m64nNk16_rs_tb<Element, Traits::kHeadDim>(
@@ -307,7 +328,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   const int key_row = warpgroup * Traits::kKeysPerWarpgroup + warp * 16;  // this warp's 16 keys within the block
 
-  // This warpgroup's K and V rows (the A operands of S^T and dP^T; transposed_scores).
+  // This warpgroup's K and V rows (the A operands of S^T and dP^T; step_products).
   const uint32_t kv_a_rows = warpgroup * Traits::kKeysPerWarpgroup * kRowBytes;
   // MN-major operands (dO and Q as the B of dV and dK, K as the B of dQ, dS^T as the A of dQ):
   // groups of 8 k rows 1024 B apart, 64-column panels rows * 128 B apart.
@@ -333,17 +354,13 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x kBlockM queries, then P^T and
     // dS^T in their place.
+    // dV += P^T dO, dK += dS^T Q issued (they run while dS^T goes to shared memory).
     float st[32];
-    float dpt[32];
-    transposed_scores<Traits>(st, dpt, k_tile + kv_a_rows, v_tile + kv_a_rows, q_tile, do_tile);
-    probabilities_and_ds<Traits, kCausal>(st, dpt, p, blk, m0, key_row, g, t, scale_log2, lse_row, d_row);
     uint32_t pt[Traits::kQuerySlices][4];
     uint32_t dst[Traits::kQuerySlices][4];
-    pack_a<Element, Traits::kQuerySlices>(st, pt);
-    pack_a<Element, Traits::kQuerySlices>(dpt, dst);
-
-    // dV += P^T dO, dK += dS^T Q (issued; they run while dS^T goes to shared memory).
-    issue_dv_dk<Traits>(dv, dk, pt, dst, do_b, q_b, buf * Traits::kQTileBytes);
+    issue_transposed<Traits>(st, k_tile + kv_a_rows, q_tile);
+    step_products<Traits, kCausal>(st, dv, dk, pt, dst, v_tile + kv_a_rows, do_tile, do_b, q_b,
+                                   buf * Traits::kQTileBytes, p, blk, m0, key_row, g, t, scale_log2, lse_row, d_row);
     store_ds_rows<Traits>(ds_tile, dst, key_row, g, t);
     tma::named_barrier_sync(1 + warpgroup, 128);  // the warpgroup's dS^T rows complete
 
@@ -650,6 +667,42 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const uint64_t ds_a = wgmma::descriptor_128b(sm.ds_tile(0), kBlockN * kRowBytes, 8 * kRowBytes);
   const uint64_t k_b = wgmma::descriptor_128b(sm.k_tile(), kBlockN * kRowBytes, 8 * kRowBytes);
 
+  // A step's dQ tile part is handed to the writer warp (kDqBulk) at the start of the next step,
+  // after that step's S^T is issued, so that the tensor cores run S^T while the warpgroup stores
+  // (and once more after the last step). dq is carried over: its product has completed by then.
+  float dq[32];
+  float dq_held[32];  // dq once its product has completed: what hand_over_dq stores
+  const int opaque_zero = static_cast<int>(steps >> 62);  // 0 (steps < 2^62)
+  const int dq_pass = Traits::kDqSplitColumns ? warpgroup : 0;
+  // Which steps' dQ columns this warpgroup computes: 64 of them (pass dq_pass) in every step at
+  // head_dim 128, the whole tile in every other step at head_dim 64.
+  const auto dq_owner = [&](int64_t s) { return Traits::kDqSplitColumns || int(s & 1) == warpgroup; };
+  const auto hand_over_dq = [&](int64_t s) {
+    if (s > 0) tma::named_barrier_sync(kDqEmpty, 32 + Traits::kDqWriters);  // step s - 1's tile read
+    // Accumulator 4 j + 2 hh + e: query row warp * 16 + g + 8 hh, dim 64 dq_pass + 8 j + 2 t + e.
+    // Column c = 64 dq_pass + 8 j + 2 t of row r = 16 warp + g + 8 hh (r % 8 = g): box c / 32,
+    // 16 B chunk (c % 32) / 4 = 2 (j % 4) + t / 2 stored at chunk ^ g, 8 B half t % 2.
+    // Store i writes group j = i on even g and j = i ^ 2 on odd g: the 16 lanes of each half
+    // warp (rows g .. g + 3) then cover the eight chunks of a row once (with j = i for every
+    // lane, only four: a 2-way bank conflict on each store).
+    const bool odd_g = (g & 1) != 0;
+    const uint32_t chunk_xor = static_cast<uint32_t>((odd_g ? 4 : 0) ^ (t / 2) ^ g);
+    const uint32_t tile = sm.dq_tile() + 2 * dq_pass * Traits::kDqBoxBytes + (warp * 16 + g) * 128 + 8 * (t % 2);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint32_t addr = tile + (i / 4) * Traits::kDqBoxBytes + 8 * hh * 128 + (((2 * (i % 4)) ^ chunk_xor) * 16);
+        const int mine = 4 * i + 2 * hh, swapped = 4 * (i ^ 2) + 2 * hh;
+        const float lo = odd_g ? dq_held[swapped] : dq_held[mine];
+        const float hi = odd_g ? dq_held[swapped + 1] : dq_held[mine + 1];
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(lo), "f"(hi) : "memory");
+      }
+    }
+    wgmma::fence_proxy_async();
+    tma::named_barrier_arrive(kDqFull, 32 + Traits::kDqWriters);
+  };
+
   if (steps > 0) tma::wait(sm.kv_full(), 0);
 
   for (int64_t s = 0; s < steps; ++s) {
@@ -661,35 +714,29 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     const int64_t m0 = blk.m_block(s) * kBlockM;
     const float* lse_row = lse_smem + stage * kBlockM;
     const float* d_row = d_smem + stage * kBlockM;
-    const uint32_t q_tile = sm.q_tile(stage);
-    const uint32_t do_tile = sm.do_tile(stage);
 
-    // S^T = K Q^T and dP^T = V dO^T, then P^T and dS^T in their place (as the cp.async kernel).
     float st[32];
-    float dpt[32];
-    flash_bwd_wgmma::transposed_scores<Traits>(st, dpt, sm.k_tile() + kv_a_rows, sm.v_tile() + kv_a_rows, q_tile,
-                                               do_tile);
-    flash_bwd_wgmma::probabilities_and_ds<Traits, kCausal>(st, dpt, p, blk, m0, key_row, g, t, scale_log2, lse_row,
-                                                           d_row);
+    flash_bwd_wgmma::issue_transposed<Traits>(st, sm.k_tile() + kv_a_rows, sm.q_tile(stage));
+    if constexpr (kDqBulk) {
+      if (s > 0 && dq_owner(s - 1)) hand_over_dq(s - 1);
+    }
+
+    // dP^T, P^T, dS^T and the dV, dK products issued (as the cp.async kernel); dS^T rows of this
+    // warpgroup to buffer s & 1.
     uint32_t pt[Traits::kQuerySlices][4];
     uint32_t dst[Traits::kQuerySlices][4];
-    flash_bwd_wgmma::pack_a<Element, Traits::kQuerySlices>(st, pt);
-    flash_bwd_wgmma::pack_a<Element, Traits::kQuerySlices>(dpt, dst);
-
-    // dV += P^T dO, dK += dS^T Q; dS^T rows of this warpgroup to buffer s & 1.
-    flash_bwd_wgmma::issue_dv_dk<Traits>(dv, dk, pt, dst, do_b, q_b, stage * Traits::kQTileBytes);
+    flash_bwd_wgmma::step_products<Traits, kCausal>(st, dv, dk, pt, dst, sm.v_tile() + kv_a_rows, sm.do_tile(stage),
+                                                    do_b, q_b, stage * Traits::kQTileBytes, p, blk, m0, key_row, g, t,
+                                                    scale_log2, lse_row, d_row);
     flash_bwd_wgmma::store_ds_rows<Traits>(sm.ds_tile(ds_buf), dst, key_row, g, t);
-    // Which dQ columns this warpgroup computes in step s: 64 of them (pass dq_pass), or none.
-    const bool dq_owner = Traits::kDqSplitColumns || ds_buf == warpgroup;
-    const int dq_pass = Traits::kDqSplitColumns ? warpgroup : 0;
-    if (dq_owner) {
+    const bool owner = dq_owner(s);
+    if (owner) {
       tma::named_barrier_sync(kDsFirst + ds_buf, Traits::kConsumerThreads);  // both warpgroups' dS^T rows
     } else {
       tma::named_barrier_arrive(kDsFirst + ds_buf, Traits::kConsumerThreads);
     }
 
-    float dq[32];
-    if (dq_owner) {
+    if (owner) {
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kBlockN / 16; ++ks) {
@@ -704,7 +751,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       wgmma::commit_group();
     }
     wgmma::wait_group<0>();  // dV, dK (and dQ): Q, dO of this stage read
-    if (dq_owner) wgmma::fence_operands(dq);
+    wgmma::fence_operands(dq);
     wgmma::fence_operands(pt);
     wgmma::fence_operands(dst);
     wgmma::fence_operands(dv);
@@ -712,27 +759,17 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     // Q, dO (by this warpgroup's products) and lse, D (by this thread) of stage read: every
     // consumer thread arrives, so that its own reads of lse and D are ordered before the reload.
     tma::arrive(sm.empty(stage));
+    if constexpr (kDqBulk) {
+      // Copied through an operation ptxas cannot see through (an exclusive or with a zero it
+      // cannot prove), or it takes the next step's stores, under its S^T product, for reads of
+      // the dQ product's accumulators and waits for every product first (C7517, C7518: the
+      // products serialized). A plain move is propagated away.
+#pragma unroll
+      for (int i = 0; i < 32; ++i) dq_held[i] = __int_as_float(__float_as_int(dq[i]) ^ opaque_zero);
+    }
 
-    if (dq_owner) {
-      // Accumulator 4 i + 2 hh + e: query row warp * 16 + g + 8 hh, dim 64 dq_pass + 8 i + 2 t + e.
-      if constexpr (kDqBulk) {
-        if (s > 0) tma::named_barrier_sync(kDqEmpty, 32 + Traits::kDqWriters);  // step s - 1's tile read
-        // Column c = 64 dq_pass + 8 i + 2 t of row r = 16 warp + g + 8 hh (r % 8 = g): box c / 32,
-        // 16 B chunk (c % 32) / 4 = 2 (i % 4) + t / 2 stored at chunk ^ g, 8 B half t % 2.
-        const uint32_t tile = sm.dq_tile() + 2 * dq_pass * Traits::kDqBoxBytes + (warp * 16 + g) * 128 + 8 * (t % 2);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const uint32_t addr = tile + (i / 4) * Traits::kDqBoxBytes + 8 * hh * 128 + (((2 * (i % 4) + t / 2) ^ g) * 16);
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[4 * i + 2 * hh]),
-                         "f"(dq[4 * i + 2 * hh + 1])
-                         : "memory");
-          }
-        }
-        wgmma::fence_proxy_async();
-        tma::named_barrier_arrive(kDqFull, 32 + Traits::kDqWriters);
-      } else {
+    if constexpr (!kDqBulk) {
+      if (owner) {
         float* dq_rows = ws.dq_accum + (blk.workspace_row(p, ws.m_pad, h, m0) + warp * 16) * kHeadDim;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -742,6 +779,9 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
         }
       }
     }
+  }
+  if constexpr (kDqBulk) {
+    if (steps > 0 && dq_owner(steps - 1)) hand_over_dq(steps - 1);
   }
 
   store_key_rows<Element, kHeadDim / 8>(p, blk, n0 + key_row, g, t, [&](int i, int j) { return dk[4 * i + j]; },
