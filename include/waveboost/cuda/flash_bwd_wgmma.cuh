@@ -151,8 +151,8 @@ __device__ __forceinline__ uint64_t kmajor_slice(uint32_t tile, int rows, int kk
   return wgmma::descriptor_128b(tile + (kk / 4) * rows * Traits::kRowBytes + (kk % 4) * 32, 16, 8 * Traits::kRowBytes);
 }
 
-/// \brief Issues S^T = K Q^T (one commit group, not waited for): a's rows (the warpgroup's K rows
-/// or V rows) times b's (the step's Q or dO rows), head_dim deep.
+/// \brief Issues acc = A B^T over head_dim as one commit group, not waited for: S^T = K Q^T (a_rows
+/// the warpgroup's K rows, b_rows the step's Q rows) or dP^T = V dO^T.
 template <typename Traits>
 __device__ __forceinline__ void issue_transposed(float (&acc)[32], uint32_t a_rows, uint32_t b_rows) {
   using Element = typename Traits::Element;
@@ -683,7 +683,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     // Column c = 64 dq_pass + 8 j + 2 t of row r = 16 warp + g + 8 hh (r % 8 = g): box c / 32,
     // 16 B chunk (c % 32) / 4 = 2 (j % 4) + t / 2 stored at chunk ^ g, 8 B half t % 2.
     // Store i writes group j = i on even g and j = i ^ 2 on odd g: the 16 lanes of each half
-    // warp (rows g .. g + 3) then cover the eight chunks of a row once (with j = i for every
+    // warp (four values of g) then cover the eight chunks of a row once (with j = i for every
     // lane, only four: a 2-way bank conflict on each store).
     const bool odd_g = (g & 1) != 0;
     const uint32_t chunk_xor = static_cast<uint32_t>((odd_g ? 4 : 0) ^ (t / 2) ^ g);
