@@ -3,7 +3,7 @@ attention_backward), so that the same script times two builds of waveboost again
 (benchmarks/ab_trees.sh imports each build in turn through PYTHONPATH).
 
     python benchmarks/ab_time.py TAG --backend mma --pass bwd [--dtypes bf16,fp16,e4m3] [--head-dims 64,128]
-                                     [--seqlens 1024,4096] [--repeats 20] [--deterministic]
+                                     [--seqlens 1024,4096] [--causal 0|1|both] [--repeats 20] [--deterministic]
 
 Prints one line per cell: TAG pass backend dtype D L causal median_ms (CUDA events, after 3 warm-up calls,
 random normal inputs; batch = 16384 / L, heads = 2048 / D). e4m3 (float8_e4m3fn q, k, v; forward only, head dim
@@ -35,10 +35,12 @@ def main(argv=None) -> None:
     ap.add_argument("--seqlens", type=ints, default=[1024, 4096])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--deterministic", action="store_true", help="backward with deterministic=True")
+    ap.add_argument("--causal", choices=("0", "1", "both"), default="both",
+                    help="0: the non-causal cells, 1: the causal ones, both (default)")
     args = ap.parse_args(argv)
     for dname in args.dtypes.split(","):
         for d in args.head_dims:
-            for causal in (False, True):
+            for causal in {"0": (False,), "1": (True,), "both": (False, True)}[args.causal]:
                 for L in args.seqlens:
                     if dname == "e4m3" and (d != 128 or args.which != "fwd"):
                         continue

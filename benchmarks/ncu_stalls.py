@@ -2,6 +2,10 @@
 --print-source sass --csv > R.csv`): warp stall samples by reason and by opcode, then the instructions
 with the most samples, each with its two main stall reasons and its shared-memory bank conflicts.
 
+    ncu --set full --import-source no -k regex:flash_bwd_wgmma_ws --launch-skip 1 --launch-count 1 -o R \
+        python benchmarks/ab_time.py x --pass bwd --backend wgmma --dtypes bf16 --head-dims 128 --seqlens 4096 \
+        --causal 0 --repeats 1
+    ncu --import R.ncu-rep --page source --print-source sass --csv > R.csv
     python benchmarks/ncu_stalls.py R.csv [TOP]
 
 The samples count every warp of the kernel, so in a warp-specialized kernel the producer's and the
