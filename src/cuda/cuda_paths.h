@@ -60,6 +60,11 @@ Status multiprocessor_count(int device_id, int* sms);
 // queried once per device, or a CUDA error.
 Status max_shared_memory_per_block(int device_id, int* bytes);
 
+// DRAM bandwidth per SM in MB/s from the driver's memory clock and bus width (2 x clock x width /
+// SMs: an H100 SXM 25.4 GB/s, an H200 37.2 GB/s), queried once per device; 0 when the driver
+// reports no clock or width.
+Status memory_bandwidth_per_sm(int device_id, int* mbps);
+
 // A device's pool for kernel workspaces (cudaMallocFromPoolAsync / cudaFreeAsync on the
 // caller's stream), created on first use. Unlike the default pool, which hands its memory back
 // at every synchronization (and then maps it anew, ~50-100 us, on the next call), it keeps up

@@ -21,17 +21,22 @@ namespace {
 // on sm_90 (228 KB per SM).
 constexpr int kDecodeBlocksPerSM = 2;
 
-// How split-KV runs, by tile (measured in benchmarks/NOTES.md, "Decode", and
-// benchmarks/results/*-20261123/decode-fused/). 16-row tiles (seqlen_q x group <= 16) stream the
-// cache best at one block per SM, so their keys are cut to fill one block per SM, and the pieces
-// are merged inside the decode kernel (one launch fewer, which batch-1 steps feel). 64-row tiles
-// merge 32-64 rows per block, where the combine kernel is faster, and stream better at two blocks
-// per SM.
+// How split-KV runs, by tile (measured in benchmarks/NOTES.md, "Decode", "Decode on the H200", and
+// benchmarks/results/*-20261123/decode-fused/, *-20261127/decode-blocks-per-sm/). 16-row tiles
+// (seqlen_q x group <= 16) merge their pieces inside the decode kernel (one launch fewer, which
+// batch-1 steps feel); their keys are cut to fill one block per SM, which streams an H100's
+// memory best, or two where each SM must take more bytes per second than one block of three
+// stages keeps in flight (an H200: 37 GB/s per SM; 1.12-1.15x there) and every piece keeps
+// kMinTilesPerPiece key tiles (with fewer, the pipeline's start dominates). 64-row tiles merge
+// 32-64 rows per block, where the combine kernel is faster, and stream better at two blocks per SM.
 //
 // To measure these choices (read once per process): WAVEBOOST_DECODE_COMBINE=kernel or in-kernel
 // picks the merge for every tile; WAVEBOOST_DECODE_BLOCKS_PER_SM=1 or 2 the wave that the split
 // count fills; WAVEBOOST_DECODE_MAX_SPLITS=N (1..kDecodeMaxSplits) caps the pieces per (sequence,
 // kv head).
+constexpr int kTwoBlocksFromMBps = 30000;  // DRAM MB/s per SM from which 16-row tiles take two per SM
+constexpr int64_t kMinTilesPerPiece = 4;
+
 int env_int(const char* name, int lo, int hi, int fallback) {
   const char* v = std::getenv(name);
   const int n = v != nullptr ? std::atoi(v) : 0;
@@ -46,9 +51,9 @@ bool merge_in_kernel(const AttentionParams& p) {
   }();
   return forced >= 0 ? forced == 1 : decode_block_m(p) == 16;
 }
-int split_blocks_per_sm(const AttentionParams& p) {
+int forced_blocks_per_sm() {
   static const int forced = env_int("WAVEBOOST_DECODE_BLOCKS_PER_SM", 1, kDecodeBlocksPerSM, 0);
-  return forced > 0 ? forced : (decode_block_m(p) == 16 ? 1 : kDecodeBlocksPerSM);
+  return forced;
 }
 int max_splits() {
   static const int cap = env_int("WAVEBOOST_DECODE_MAX_SPLITS", 1, kDecodeMaxSplits, kDecodeMaxSplits);
@@ -59,20 +64,47 @@ int64_t decode_row_tiles(const AttentionParams& p) {
   const int64_t block_m = decode_block_m(p);
   return (p.seqlen_q * (p.heads / p.heads_kv) + block_m - 1) / block_m;
 }
+int64_t decode_key_tiles(const AttentionParams& p) {
+  return (p.seqlen_k + decode_block_n(p.head_dim) - 1) / decode_block_n(p.head_dim);
+}
 
-// Pieces to cut each block's keys into. The grid without splits has batch x kv heads x row
-// tiles blocks; when that is under split_blocks_per_sm per SM, the keys are cut so that the pieces
-// fill one wave of split_blocks_per_sm per SM, each piece at least one key tile of the longest
+// Pieces to cut each block's keys into so that the grid fills one wave of blocks_per_sm blocks per
+// SM. The grid without splits has batch x kv heads x row tiles blocks; when that is under a wave,
+// the keys are cut so that the pieces fill it, each piece at least one key tile of the longest
 // sequence. A grid of a full wave or more is left whole: merging pieces would only add work.
-int decode_splits(const AttentionParams& p, int multiprocessors) {
+int splits_for_wave(const AttentionParams& p, int multiprocessors, int blocks_per_sm) {
   const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
-  const int64_t slots = int64_t{split_blocks_per_sm(p)} * multiprocessors;
+  const int64_t slots = int64_t{blocks_per_sm} * multiprocessors;
   if (blocks <= 0 || blocks >= slots) return 1;
-  const int64_t key_tiles = (p.seqlen_k + decode_block_n(p.head_dim) - 1) / decode_block_n(p.head_dim);
+  const int64_t key_tiles = decode_key_tiles(p);
   int64_t splits = slots / blocks;
   splits = splits < key_tiles ? splits : key_tiles;
   splits = splits < max_splits() ? splits : max_splits();
   return splits > 1 ? static_cast<int>(splits) : 1;
+}
+
+// The wave the split count fills (see above), then the pieces for it.
+int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_per_sm) {
+  if (const int forced = forced_blocks_per_sm(); forced > 0) return splits_for_wave(p, multiprocessors, forced);
+  if (decode_block_m(p) != 16) return splits_for_wave(p, multiprocessors, kDecodeBlocksPerSM);
+  if (bandwidth_per_sm >= kTwoBlocksFromMBps) {
+    const int two = splits_for_wave(p, multiprocessors, 2);
+    if (decode_key_tiles(p) >= kMinTilesPerPiece * two) return two;
+  }
+  return splits_for_wave(p, multiprocessors, 1);
+}
+
+// decode_splits for p's device; a device whose bandwidth cannot be read takes one block per SM.
+Status device_splits(const AttentionParams& p, int* splits) {
+  int multiprocessors = 0;
+  if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
+  int bandwidth = 0;
+  if (!memory_bandwidth_per_sm(p.device_id, &bandwidth).ok()) {
+    bandwidth = 0;
+    (void)cudaGetLastError();  // the failed query is not this call's error
+  }
+  *splits = decode_splits(p, multiprocessors, bandwidth);
+  return Status::Ok();
 }
 
 Status launch(const AttentionParams& p, const DecodeSplit& split, cudaStream_t s) {
@@ -112,9 +144,7 @@ Status decode_can_implement(const AttentionParams& p) {
 }
 
 Status decode_plan(const AttentionParams& p, ForwardPlan* plan) {
-  int multiprocessors = 0;
-  if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
-  plan->num_splits = decode_splits(p, multiprocessors);
+  if (Status st = device_splits(p, &plan->num_splits); !st.ok()) return st;
   plan->merge = plan->num_splits == 1 ? "" : (merge_in_kernel(p) ? "in-kernel" : "combine-kernel");
   return plan_kernel(Backend::kDecode, "", p, plan);
 }
@@ -123,10 +153,8 @@ Status decode_forward(const AttentionParams& p, void* stream) {
   DeviceGuard guard(p.device_id);
   if (!guard.status().ok()) return guard.status();
   const auto s = static_cast<cudaStream_t>(stream);
-  int multiprocessors = 0;
-  if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
   DecodeSplit split;
-  split.num_splits = decode_splits(p, multiprocessors);
+  if (Status st = device_splits(p, &split.num_splits); !st.ok()) return st;
   if (split.num_splits == 1) return launch(p, split, s);
 
   // Pieces: O (fp32) [split][b][i][h][d] and LSE [split][b][h][i]. splits x blocks <= 2 x SMs,

@@ -1,5 +1,6 @@
 // Device queries shared by the CUDA paths.
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 
 #include "cuda_paths.h"
@@ -14,6 +15,7 @@ constexpr int kCachedDevices = 64;
 std::atomic<int> g_compute_capability[kCachedDevices];
 std::atomic<int> g_multiprocessors[kCachedDevices];
 std::atomic<int> g_shared_memory_optin[kCachedDevices];
+std::atomic<int> g_bandwidth_per_sm[kCachedDevices];
 std::mutex g_pool_mutex;
 cudaMemPool_t g_workspace_pools[kCachedDevices];
 
@@ -55,6 +57,21 @@ Status multiprocessor_count(int device_id, int* sms) {
 Status max_shared_memory_per_block(int device_id, int* bytes) {
   return cached_attribute(g_shared_memory_optin, device_id, bytes, [device_id](int* value) {
     WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id));
+    return Status::Ok();
+  });
+}
+
+Status memory_bandwidth_per_sm(int device_id, int* mbps) {
+  return cached_attribute(g_bandwidth_per_sm, device_id, mbps, [device_id](int* value) {
+    int clock_khz = 0;
+    int bus_bits = 0;
+    int sms = 0;
+    WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device_id));
+    WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device_id));
+    WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_id));
+    // Two transfers per memory clock: kHz x 2 x bytes = KB/s; / 1000 = MB/s.
+    const int64_t per_sm = sms > 0 ? int64_t{clock_khz} * 2 * (bus_bits / 8) / 1000 / sms : 0;
+    *value = per_sm > 0 && per_sm < INT32_MAX ? static_cast<int>(per_sm) : 0;
     return Status::Ok();
   });
 }

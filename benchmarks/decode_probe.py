@@ -1,0 +1,100 @@
+"""Decode probe: GPU time per decode step of waveboost beside SDPA cuDNN, on the same shapes, by one method.
+
+    python benchmarks/decode_probe.py [--impls wb_blhd,wb_bhld,sdpa_cudnn,amax] [--tag T] [--peak-gbs G]
+
+Prints one JSON line per shape (bf16, head dim 128, one query per sequence): microseconds per step and %
+of peak HBM bandwidth (K/V cache bytes / time) for
+  wb_blhd     waveboost.attention_with_kvcache on a (batch, L, heads_kv, D) cache (the usual layout);
+  wb_bhld     the same call on head-major (batch, heads_kv, L, D) storage viewed as (batch, L, heads_kv, D):
+              each head's keys contiguous, as SDPA reads its cache;
+  sdpa_cudnn  torch SDPA's cuDNN backend on the head-major cache (enable_gqa);
+  amax        torch.amax over K and V: a plain reduction reading the same bytes.
+Each is timed as a CUDA graph of 20 steps over distinct cache copies (together > 150 MB, so HBM is read,
+not L2), the median of 15 replays. Environment variables of the decode launcher (e.g.
+WAVEBOOST_DECODE_BLOCKS_PER_SM) apply as usual; run one process per setting.
+"""
+import argparse
+import json
+import math
+import statistics
+
+import torch
+
+import waveboost
+
+STEPS, REPLAYS = 20, 15
+SHAPES = ((16, 8192, 32, 8), (64, 4096, 64, 8), (128, 2048, 32, 8), (1, 32768, 32, 8), (1, 2048, 32, 8),
+          (32, 8192, 32, 1))  # (batch, KV length, heads, kv heads)
+
+
+def graph_us(fn) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(STEPS):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(STEPS):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) * 1e3 / STEPS)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--impls", default="wb_blhd,wb_bhld,sdpa_cudnn,amax")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--peak-gbs", type=float, default=0.0, help="default: 4800 on an H200, else 3350")
+    args = ap.parse_args()
+    impls = args.impls.split(",")
+    peak = args.peak_gbs or (4800.0 if "H200" in torch.cuda.get_device_name() else 3350.0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for batch, keys, heads, heads_kv in SHAPES:
+        d = 128
+        kv_bytes = 2 * batch * keys * heads_kv * d * 2
+        copies = min(STEPS, max(1, math.ceil(150e6 / kv_bytes)))
+
+        def cache(*shape):
+            return torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
+        q = cache(batch, 1, heads, d)
+        lengths = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
+        out = torch.empty_like(q)
+        res = {"shape": [batch, keys, heads, heads_kv], "tag": args.tag}
+        head_major = [(cache(batch, heads_kv, keys, d), cache(batch, heads_kv, keys, d)) for _ in range(copies)]
+        if "wb_bhld" in impls:
+            views = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in head_major]
+            res["wb_bhld"] = graph_us(lambda i: waveboost.attention_with_kvcache(q, *views[i % copies], lengths, out=out))
+        if "sdpa_cudnn" in impls:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            qh = q.transpose(1, 2)
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                res["sdpa_cudnn"] = graph_us(lambda i: torch.nn.functional.scaled_dot_product_attention(
+                    qh, *head_major[i % copies], enable_gqa=True))
+        if "amax" in impls:
+            res["amax"] = graph_us(lambda i: (head_major[i % copies][0].amax(), head_major[i % copies][1].amax()))
+        del head_major
+        if "wb_blhd" in impls:
+            usual = [(cache(batch, keys, heads_kv, d), cache(batch, keys, heads_kv, d)) for _ in range(copies)]
+            res["wb_blhd"] = graph_us(lambda i: waveboost.attention_with_kvcache(q, *usual[i % copies], lengths, out=out))
+            res["splits"] = waveboost.plan(q, usual[0][0], usual[0][1], backend="decode")["num_splits"]
+            del usual
+        for key in [k for k in res if isinstance(res[k], float)]:
+            res[key + "_pct"] = round(100 * kv_bytes / res[key] / 1e3 / peak, 1)
+            res[key] = round(res[key], 2)
+        print(json.dumps(res), flush=True)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
