@@ -1,6 +1,7 @@
 """Decode probe: GPU time per decode step of waveboost beside SDPA cuDNN, on the same shapes, by one method.
 
     python benchmarks/decode_probe.py [--impls wb_blhd,wb_bhld,sdpa_cudnn,amax] [--tag T] [--peak-gbs G]
+                                      [--shapes BxLxHxHKV,...]
 
 Prints one JSON line per shape (bf16, head dim 128, one query per sequence): microseconds per step and %
 of peak HBM bandwidth (K/V cache bytes / time) for
@@ -56,11 +57,14 @@ def main() -> None:
     ap.add_argument("--impls", default="wb_blhd,wb_bhld,sdpa_cudnn,amax")
     ap.add_argument("--tag", default="")
     ap.add_argument("--peak-gbs", type=float, default=0.0, help="default: 4800 on an H200, else 3350")
+    ap.add_argument("--shapes", default="", help="batch x KV length x heads x kv heads, comma-separated "
+                    "(default: " + ",".join("x".join(map(str, s)) for s in SHAPES) + ")")
     args = ap.parse_args()
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     impls = args.impls.split(",")
     peak = args.peak_gbs or (4800.0 if "H200" in torch.cuda.get_device_name() else 3350.0)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for batch, keys, heads, heads_kv in SHAPES:
+    for batch, keys, heads, heads_kv in shapes:
         d = 128
         kv_bytes = 2 * batch * keys * heads_kv * d * 2
         copies = min(STEPS, max(1, math.ceil(150e6 / kv_bytes)))

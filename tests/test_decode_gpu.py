@@ -103,7 +103,7 @@ def test_split_and_unsplit_grids(b, heads, heads_kv, lk):
 
 
 # Split pieces: 16-row tiles are merged inside the decode kernel (the last piece of a row tile to
-# finish merges them), 64-row tiles by the combine kernel. On an H100 (132 SMs) one sequence of
+# finish merges them), 32- and 64-row tiles by the combine kernel. On an H100 (132 SMs) one sequence of
 # 16-row tiles splits into up to 132 / kv heads pieces (16 at 8 kv heads, the cap of 128 at 1); key
 # tiles are 64 keys at head dim 128, 128 at 64.
 @pytest.mark.parametrize("heads,heads_kv,d,lq,lk,causal", [
@@ -115,6 +115,10 @@ def test_split_and_unsplit_grids(b, heads, heads_kv, lk):
     (16, 4, 64, 4, 1000, True),           # 16 causal rows (4 queries x 4 heads) seeing different keys
     (64, 1, 128, 2, 3001, True),          # 128 rows: two 64-row tiles, each merged on its own
     (16, 1, 64, 3, 700, True),            # causal rows that see different numbers of keys
+    (32, 1, 128, 1, 5000, False),         # MQA, 32 rows: one full 32-row tile
+    (24, 1, 64, 1, 128 * 9 + 7, False),   # 24 rows: a partial 32-row tile
+    (8, 1, 128, 3, 1001, True),           # 24 causal rows (3 queries x 8 heads) in a 32-row tile
+    (16, 2, 128, 2, 64 * 40 + 3, True),   # 32 causal rows per kv head, 2 kv heads
 ])
 def test_every_split_piece_counts(heads, heads_kv, d, lq, lk, causal):
     g = gen(lk * 7 + heads)
@@ -212,7 +216,8 @@ def test_repeated_calls_graph_replays_and_streams_agree():
     ({"WAVEBOOST_DECODE_MAX_SPLITS": "3"}, (32, 8)),
     ({"WAVEBOOST_DECODE_BLOCKS_PER_SM": "2"}, (32, 8)),
     ({"WAVEBOOST_DECODE_COMBINE": "in-kernel"}, (64, 1)),
-], ids=["combine-kernel", "max-splits-3", "two-blocks-per-sm", "64-row-tile-in-kernel"])
+    ({"WAVEBOOST_DECODE_COMBINE": "in-kernel"}, (32, 1)),
+], ids=["combine-kernel", "max-splits-3", "two-blocks-per-sm", "64-row-tile-in-kernel", "32-row-tile-in-kernel"])
 def test_merge_switches_agree_with_the_default(env, heads, tmp_path):
     # The other merge (WAVEBOOST_DECODE_COMBINE) and other split counts give the default's results;
     # the variables are read once per process, hence a subprocess.

@@ -1,6 +1,6 @@
 // Backend "decode": can_implement, the number of split-KV pieces, the workspace, and the
 // launch of the decode kernel (include/waveboost/cuda/decode.cuh) through the kernel registry;
-// the kernel merges the split pieces of 16-row tiles itself, those of 64-row tiles go to the
+// the kernel merges the split pieces of 16-row tiles itself, those of 32- and 64-row tiles go to the
 // combine of include/waveboost/cuda/core/combine.cuh.
 #include <cstdint>
 #include <cstdlib>
@@ -27,8 +27,9 @@ constexpr int kDecodeBlocksPerSM = 2;
 // batch-1 steps feel); their keys are cut to fill one block per SM, which streams an H100's
 // memory best, or two where each SM must take more bytes per second than one block of three
 // stages keeps in flight (an H200: 37 GB/s per SM; 1.12-1.15x there) and every piece keeps
-// kMinTilesPerPiece key tiles (with fewer, the pipeline's start dominates). 64-row tiles merge
-// 32-64 rows per block, where the combine kernel is faster, and stream better at two blocks per SM.
+// kMinTilesPerPiece key tiles (with fewer, the pipeline's start dominates). 32- and 64-row tiles
+// merge 17-64 rows per block, where the combine kernel is faster, and stream better at two blocks
+// per SM (measured on 64-row tiles; 32-row tiles follow them).
 //
 // To measure these choices (read once per process): WAVEBOOST_DECODE_COMBINE=kernel or in-kernel
 // picks the merge for every tile; WAVEBOOST_DECODE_BLOCKS_PER_SM=1 or 2 the wave that the split

@@ -9,7 +9,7 @@
 // their addresses from core::KVAddress (dense, packed or paged: the page of key j through the
 // block table). Scores and P V run on mma.sync m16n8k16 with fp32 accumulators and the online
 // softmax in fp32, FlashAttention-2 style; with kBlockM = 16 the four warps split each key tile
-// instead of the rows, and merge their states at the end.
+// instead of the rows (with 32, two pairs of warps do), and merge their states at the end.
 //
 // Keys are cut into num_splits pieces (flash-decoding) when batch x kv heads leaves SMs idle:
 // each piece writes O / l (fp32) and its LSE to a workspace, and the pieces are merged through
@@ -35,8 +35,9 @@ constexpr int kDecodeMaxSplits = 128;
 /// \brief Compile-time choices of the decode kernel.
 /// \tparam Element_  __half or __nv_bfloat16.
 /// \tparam kHeadDim_ 64 or 128.
-/// \tparam kBlockM_  query rows per block: 16 (the four warps split the keys of a tile) or 64
-///                   (each warp owns 16 rows, as FlashAttention-2).
+/// \tparam kBlockM_  query rows per block: 16 (the four warps split the keys of a tile), 32 (two
+///                   warps of 16 rows, each pair splitting the keys) or 64 (each warp owns 16
+///                   rows, as FlashAttention-2).
 template <typename Element_, int kHeadDim_, int kBlockM_>
 struct DecodeTraits {
   using Element = Element_;
@@ -64,7 +65,7 @@ struct DecodeTraits {
   static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
-  static_assert(kBlockM == 16 || kBlockM == 64, "16 or 64 rows");
+  static_assert(kBlockM == 16 || kBlockM == 32 || kBlockM == 64, "16, 32 or 64 rows");
   static_assert(kWarpKeys % 16 == 0, "a warp scores whole k16 slices of keys");
   static_assert(kChunksPerRow >= 8 && kRowsPerCopyPass % 8 == 0, "swizzle period");
   static_assert(kBlockN % kRowsPerCopyPass == 0 && kBlockM % kRowsPerCopyPass == 0, "whole copy passes");
@@ -613,21 +614,31 @@ Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, 
   return cuda_status(cudaGetLastError(), "decode_kernel launch");
 }
 
-/// \brief The decode kernel for one dtype and head dim: 16-row tiles when every query row of a
-/// kv head fits in one (seqlen_q x heads / heads_kv <= 16), else 64-row tiles.
-template <typename Element, int kHeadDim>
-Status launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
-  if (p.seqlen_q * (p.heads / p.heads_kv) <= 16) return launch_decode_kernel<Element, kHeadDim, 16>(p, split, stream);
-  return launch_decode_kernel<Element, kHeadDim, 64>(p, split, stream);
+// Query rows of one block for these params: the query rows of a kv head (seqlen_q x heads /
+// heads_kv) in one tile of 16 or 32 rows when they fit, else in 64-row tiles (rows of a 64-row tile
+// past the last live one still cost the warps that own them, so a group of 17-32 rows, e.g. MQA
+// with 32 heads, takes the 32-row tile); and shared memory per block.
+inline int64_t decode_block_m(const AttentionParams& p) {
+  const int64_t rows = p.seqlen_q * (p.heads / p.heads_kv);
+  return rows <= 16 ? 16 : (rows <= 32 ? 32 : 64);
+}
+template <int kHeadDim>
+inline int decode_smem_bytes_for(int64_t block_m) {
+  if (block_m == 16) return DecodeTraits<__half, kHeadDim, 16>::kSmemBytes;
+  if (block_m == 32) return DecodeTraits<__half, kHeadDim, 32>::kSmemBytes;
+  return DecodeTraits<__half, kHeadDim, 64>::kSmemBytes;
+}
+inline int decode_smem_bytes(const AttentionParams& p) {
+  return p.head_dim == 64 ? decode_smem_bytes_for<64>(decode_block_m(p)) : decode_smem_bytes_for<128>(decode_block_m(p));
 }
 
-// Query rows of one block for these params (see launch_decode), and shared memory per block.
-inline int64_t decode_block_m(const AttentionParams& p) { return p.seqlen_q * (p.heads / p.heads_kv) <= 16 ? 16 : 64; }
-inline int decode_smem_bytes(const AttentionParams& p) {
-  const bool d64 = p.head_dim == 64;
-  if (decode_block_m(p) == 16)
-    return d64 ? DecodeTraits<__half, 64, 16>::kSmemBytes : DecodeTraits<__half, 128, 16>::kSmemBytes;
-  return d64 ? DecodeTraits<__half, 64, 64>::kSmemBytes : DecodeTraits<__half, 128, 64>::kSmemBytes;
+/// \brief The decode kernel for one dtype and head dim, on tiles of decode_block_m(p) rows.
+template <typename Element, int kHeadDim>
+Status launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  const int64_t block_m = decode_block_m(p);
+  if (block_m == 16) return launch_decode_kernel<Element, kHeadDim, 16>(p, split, stream);
+  if (block_m == 32) return launch_decode_kernel<Element, kHeadDim, 32>(p, split, stream);
+  return launch_decode_kernel<Element, kHeadDim, 64>(p, split, stream);
 }
 inline int64_t decode_block_n(int64_t head_dim) {
   return head_dim == 64 ? DecodeTraits<__half, 64, 16>::kBlockN : DecodeTraits<__half, 128, 16>::kBlockN;
