@@ -17,39 +17,15 @@ WAVEBOOST_DECODE_BLOCKS_PER_SM) apply as usual; run one process per setting.
 import argparse
 import json
 import math
-import statistics
 
 import torch
 
 import waveboost
 
-STEPS, REPLAYS = 20, 15
+from decode_bench import STEPS, _graph_step_us  # this script's folder
+
 SHAPES = ((16, 8192, 32, 8), (64, 4096, 64, 8), (128, 2048, 32, 8), (1, 32768, 32, 8), (1, 2048, 32, 8),
           (32, 8192, 32, 1))  # (batch, KV length, heads, kv heads)
-
-
-def graph_us(fn) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(STEPS):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(STEPS):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPLAYS):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1e3 / STEPS)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -78,19 +54,22 @@ def main() -> None:
         head_major = [(cache(batch, heads_kv, keys, d), cache(batch, heads_kv, keys, d)) for _ in range(copies)]
         if "wb_bhld" in impls:
             views = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in head_major]
-            res["wb_bhld"] = graph_us(lambda i: waveboost.attention_with_kvcache(q, *views[i % copies], lengths, out=out))
+            res["wb_bhld"] = _graph_step_us(
+                torch, lambda i: waveboost.attention_with_kvcache(q, *views[i % copies], lengths, out=out))
         if "sdpa_cudnn" in impls:
             from torch.nn.attention import SDPBackend, sdpa_kernel
             qh = q.transpose(1, 2)
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                res["sdpa_cudnn"] = graph_us(lambda i: torch.nn.functional.scaled_dot_product_attention(
+                res["sdpa_cudnn"] = _graph_step_us(torch, lambda i: torch.nn.functional.scaled_dot_product_attention(
                     qh, *head_major[i % copies], enable_gqa=True))
         if "amax" in impls:
-            res["amax"] = graph_us(lambda i: (head_major[i % copies][0].amax(), head_major[i % copies][1].amax()))
+            res["amax"] = _graph_step_us(
+                torch, lambda i: (head_major[i % copies][0].amax(), head_major[i % copies][1].amax()))
         del head_major
         if "wb_blhd" in impls:
             usual = [(cache(batch, keys, heads_kv, d), cache(batch, keys, heads_kv, d)) for _ in range(copies)]
-            res["wb_blhd"] = graph_us(lambda i: waveboost.attention_with_kvcache(q, *usual[i % copies], lengths, out=out))
+            res["wb_blhd"] = _graph_step_us(
+                torch, lambda i: waveboost.attention_with_kvcache(q, *usual[i % copies], lengths, out=out))
             res["splits"] = waveboost.plan(q, usual[0][0], usual[0][1], backend="decode")["num_splits"]
             del usual
         for key in [k for k in res if isinstance(res[k], float)]:
