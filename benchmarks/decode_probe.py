@@ -21,6 +21,7 @@ import math
 import torch
 
 import waveboost
+from waveboost.bench.hardware import peak_bandwidth
 
 from decode_bench import STEPS, _graph_step_us  # this script's folder
 
@@ -32,13 +33,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--impls", default="wb_blhd,wb_bhld,sdpa_cudnn,amax")
     ap.add_argument("--tag", default="")
-    ap.add_argument("--peak-gbs", type=float, default=0.0, help="default: 4800 on an H200, else 3350")
+    ap.add_argument("--peak-gbs", type=float, default=None,
+                    help="default: the suite's peak for this device (waveboost.bench.hardware.peak_bandwidth)")
     ap.add_argument("--shapes", default="", help="batch x KV length x heads x kv heads, comma-separated "
                     "(default: " + ",".join("x".join(map(str, s)) for s in SHAPES) + ")")
     args = ap.parse_args()
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     impls = args.impls.split(",")
-    peak = args.peak_gbs or (4800.0 if "H200" in torch.cuda.get_device_name() else 3350.0)
+    peak, _ = peak_bandwidth("cuda", torch.cuda.get_device_name(), args.peak_gbs, torch.cuda.current_device())
+    if peak is None:
+        ap.error(f"no peak bandwidth known for {torch.cuda.get_device_name()!r}; give --peak-gbs")
     gen = torch.Generator(device="cuda").manual_seed(0)
     for batch, keys, heads, heads_kv in shapes:
         d = 128
