@@ -296,7 +296,9 @@ def test_jax_eager_inputs():
     q, k, v = (jax.device_put(jnp.asarray(a, dtype=jnp.bfloat16), gpus[0]) for a in arrays)
     out, lse = waveboost.attention(q, k, v, causal=True, return_lse=True)
     assert isinstance(out, jax.Array) and out.dtype == jnp.bfloat16
-    tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
+    # Waited for before torch reads them (torch.from_dlpack of a JAX array still being written can read stale
+    # memory: tests/test_fp8_gpu.py, _to_torch).
+    tq, tk, tv = (torch.from_dlpack(x.block_until_ready()) for x in (q, k, v))
     check_against_reference(torch.from_dlpack(out), torch.from_dlpack(lse), tq, tk, tv, True,
                             1 / math.sqrt(128), "bf16")
     # The output is an ordinary JAX array: JAX computations on it see the written values.
