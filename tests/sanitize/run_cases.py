@@ -14,7 +14,7 @@ Outputs come from torch.empty (uninitialized) and are read afterwards, so an ele
 write shows up as an initcheck error; the script also fails on a NaN in out or lse (inputs are finite).
 It checks no numerics beyond that: tests/ does. Exit status 0 and a last line "run_cases: N calls OK".
 
-    python tests/sanitize/run_cases.py [--list] [--backward-only] [--serving-only] [--fp8-only]
+    python tests/sanitize/run_cases.py [--list] [--forward-only] [--backward-only] [--serving-only] [--fp8-only]
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def cases():
     # Head dim 64 from 2048 query rows: the TMA kernel's blocks of 192 rows (three consumer
     # warpgroups), a partial last block, causal rows that see no key.
     out += [("wgmma", "fp16", (1, 2200, 1900, 6, 2), 64, True, "contiguous")]
+    # Head dim 64 under 2048 query rows: blocks of 64 rows, two per SM; a tail block and a ring that wraps.
+    out += [("wgmma", "bf16", (4, 200, 601, 16, 4), 64, False, "contiguous")]  # 128 blocks of 128 rows: no split-KV
     # wgmma's e4m3 kernel (head dim 128, TMA, V transposed in shared memory): tails, rows with no key, a
     # BHSD view, no keys at all, and enough key tiles that the rings wrap.
     out += [("wgmma", "e4m3", SHAPE_A, 128, True, "contiguous"), ("wgmma", "e4m3", SHAPE_B, 128, True, "bhsd"),
@@ -235,6 +237,8 @@ def main():
     fwd_cases, bwd_cases, with_serving = all_cases, backward_cases(), torch.cuda.get_device_capability() >= (8, 0)
     if torch.cuda.get_device_capability() != (9, 0):
         bwd_cases = [c for c in bwd_cases if c[0] != "wgmma"]
+    if "--forward-only" in sys.argv:  # the dense forward calls alone
+        bwd_cases, with_serving = [], False
     if "--backward-only" in sys.argv:  # the attention_backward calls alone
         fwd_cases = []
     if "--serving-only" in sys.argv:  # the serving calls (decode, kv cache, varlen, merge) alone

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "waveboost/cuda/flash_wgmma.cuh"
@@ -47,10 +48,13 @@
 namespace waveboost::cuda {
 
 /// \brief The wgmma traits plus the ring and the thread roles of the warp-specialized kernel.
-template <typename Element_, int kHeadDim_, int kStages_, int kBlockM_ = kWgmmaBlockM>
+template <typename Element_, int kHeadDim_, int kStages_, int kBlockM_ = kWgmmaBlockM, int kBlocksPerSM_ = 1>
 struct FlashWgmmaWsTraits : FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_> {
   using Base = FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_>;
   static constexpr int kStages = kStages_;
+  // Blocks the kernel is built to run side by side on one SM (its launch bounds): they share the
+  // register file, and so the registers setmaxnreg can hand the consumers.
+  static constexpr int kBlocksPerSM = kBlocksPerSM_;
   static constexpr int kConsumerThreads = Base::kThreads;  // warpgroups 0 .. kWarpgroups - 1
   static constexpr int kBlockThreads = kConsumerThreads + 128;
   static constexpr int kConsumerWarps = kConsumerThreads / 32;
@@ -64,7 +68,7 @@ struct FlashWgmmaWsTraits : FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_> {
   // the register file over the block's threads, in multiples of 8); an increase past what the
   // producer's decrease freed never completes. So the consumers get what the producer leaves of
   // that allocation, rounded down to a multiple of 8, at most 240.
-  static constexpr int kLaunchRegisters = 65536 / kBlockThreads / 8 * 8;
+  static constexpr int kLaunchRegisters = 65536 / (kBlockThreads * kBlocksPerSM) / 8 * 8;
   static constexpr int kPooledRegisters = kLaunchRegisters * kBlockThreads - kProducerRegisters * 128;
   static constexpr int kConsumerRegisters =
       kPooledRegisters / kConsumerThreads / 8 * 8 > 240 ? 240 : kPooledRegisters / kConsumerThreads / 8 * 8;
@@ -368,16 +372,22 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
 
 }  // namespace flash_wgmma_ws
 
-// Query rows per block of the warp-specialized kernel: 128 (two consumer warpgroups), and at head
-// dim 64 192 (three) for calls of at least kWgmmaWsMinRows192 query rows, where the softmax's
-// dependency chains, not a pipe, bound two warps per scheduler (benchmarks/NOTES.md: 1.06-1.27x at
-// 2k-16k). A query block of 192 rows wastes up to 191 rows of a sequence's last block, which
-// shorter calls feel (0.85x at 1k causal), so they keep blocks of 128.
+// Query rows per block of the warp-specialized kernel: 128 (two consumer warpgroups) at head dim 128.
+// At head dim 64: 192 (three) for calls of at least kWgmmaWsMinRows192 query rows, where the
+// softmax's dependency chains, not a pipe, bound two warps per scheduler (benchmarks/NOTES.md:
+// 1.06-1.27x over 128 at 2k-16k). A query block of 192 rows wastes up to 191 rows of a sequence's
+// last block, which shorter calls feel (0.85x at 1k causal); they take blocks of 64 rows (one
+// consumer warpgroup), two per SM, so that one block's start (Q copy, first loads, first softmax)
+// and end run beside the other's main loop: 1.08-1.16x over blocks of 128 at 256-1024 rows on an
+// H100 and an H200; from 2048 rows 192 stays ahead (H200: 64 at 0.95x non-causal at 2k, 0.85-0.99x
+// from 4k), each K/V tile feeding 64 rows instead of 192.
 constexpr int kWgmmaWsBlockMHeadDim64 = 192;
 constexpr int64_t kWgmmaWsMinRows192 = 2048;
+constexpr int kWgmmaWsBlockMShort = 64;
+constexpr int kWgmmaWsShortBlocksPerSM = 2;
 
-template <typename Element, int kHeadDim, int kBlockM>
-using FlashWgmmaWsRingTraits = FlashWgmmaWsTraits<Element, kHeadDim, 2, kBlockM>;
+template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM = 1>
+using FlashWgmmaWsRingTraits = FlashWgmmaWsTraits<Element, kHeadDim, 2, kBlockM, kBlocksPerSM>;
 
 // The instantiation of the largest shared memory per head dim (what the kernel table reports).
 template <typename Element, int kHeadDim>
@@ -386,18 +396,28 @@ using FlashWgmmaWsDefaultTraits =
 
 /// \brief Query rows per block for a call (p.seqlen_q: with cu_seqlens_q the longest sequence's bound).
 inline int wgmma_ws_block_m(const AttentionParams& p) {
-  return p.head_dim == 64 && p.seqlen_q >= kWgmmaWsMinRows192 ? kWgmmaWsBlockMHeadDim64 : kWgmmaBlockM;
+  // WAVEBOOST_WGMMA_D64_ROWS=64 or 192 (read once per process) picks the head dim 64 height of every call, to
+  // measure the rule.
+  static const int forced = [] {
+    const char* v = std::getenv("WAVEBOOST_WGMMA_D64_ROWS");
+    const int n = v != nullptr ? std::atoi(v) : 0;
+    return n == kWgmmaWsBlockMShort || n == kWgmmaWsBlockMHeadDim64 ? n : 0;
+  }();
+  if (p.head_dim != 64) return kWgmmaBlockM;
+  if (forced > 0) return forced;
+  return p.seqlen_q >= kWgmmaWsMinRows192 ? kWgmmaWsBlockMHeadDim64 : kWgmmaWsBlockMShort;
 }
 
 /// \brief Warp-specialized flash attention forward; grid as the wgmma kernel's (query blocks,
 /// batch * heads folded over y and z), kBlockM / 64 consumer warpgroups and a producer per block.
 /// kSequences: p may carry cu_seqlens_q / cu_seqlens_k / seqused_k (not a paged K/V).
-template <typename Element, int kHeadDim, int kBlockM, bool kCausal, bool kSequences>
-__global__ void __launch_bounds__(FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM>::kBlockThreads, 1)
+template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, bool kCausal, bool kSequences>
+__global__ void __launch_bounds__(FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM>::kBlockThreads,
+                                  kBlocksPerSM)
     flash_wgmma_ws_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map) {
-  flash_wgmma_ws::attend_block<FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM>, CausalMask<kCausal>, kSequences>(
-      p, &k_map, &v_map);
+  flash_wgmma_ws::attend_block<FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM>, CausalMask<kCausal>,
+                               kSequences>(p, &k_map, &v_map);
 }
 
 /// \brief The tensor maps of K and V (p.dtype), boxes of 64 columns x box_rows keys: (head_dim,
@@ -421,9 +441,9 @@ inline bool wgmma_ws_takes(const AttentionParams& p) {
 }
 
 /// \brief The launch of one block height (launch_flash_wgmma_ws picks it).
-template <typename Element, int kHeadDim, int kBlockM>
+template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM = 1>
 Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream) {
-  using Traits = FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM>;
+  using Traits = FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM>;
   // Without keys (e4m3 only: the other dtypes run such calls on the wgmma kernel) no tile is
   // loaded and the maps are never read.
   CUtensorMap k_map{}, v_map{};
@@ -433,13 +453,13 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
   const FoldedGrid g = folded_grid(p, Traits::kBlockM);
   const bool sequences = !p.is_dense();
-  auto kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, true, false>
-                            : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, false, false>;
+  auto kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, true, false>
+                            : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, false, false>;
   if constexpr (Traits::kTransposes) {
     if (sequences) return Status::NotSupported("the e4m3 wgmma kernel runs dense batches");
   } else if (sequences) {
-    kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, true, true>
-                         : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, false, true>;
+    kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, true, true>
+                         : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, false, true>;
   }
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
@@ -461,8 +481,10 @@ Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
   if constexpr (kHeadDim == 64) {
     if (wgmma_ws_block_m(p) == kWgmmaWsBlockMHeadDim64)
       return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMHeadDim64>(p, stream);
+    return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM>(p, stream);
+  } else {
+    return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaBlockM>(p, stream);
   }
-  return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaBlockM>(p, stream);
 }
 
 }  // namespace waveboost::cuda
