@@ -317,9 +317,9 @@ Backend select_backend(const AttentionParams& p) {
   // other head dim.
   const bool specialized = p.head_dim == 64 || p.head_dim == 128;
   // Hopper: wgmma leads at head dim 128, and at head dim 64 from seqlen 512 (its TMA pipeline, with
-  // blocks of 64 query rows two per SM under 2048 rows: 1.11-1.23x mma at 512-1024 keys on an H200,
+  // blocks of 64 query rows two per SM under 2048 rows: 1.10-1.23x mma at 512-1024 keys on an H100 and an H200,
   // results/nvidia-h200-20261127/wgmma-d64-rows64/), but trails mma at 256 keys non-causal
-  // (0.95x), where a block has two key tiles. On a grid of at most one block per SM wgmma leads at
+  // (0.95-0.97x), where a block has two key tiles. On a grid of at most one block per SM wgmma leads at
   // any seqlen, and where that grid leaves most SMs idle it splits the keys (split-KV) to fill
   // them. Measured: benchmarks/results/*/fa2-*/summary.md and .../small-grids/.
   const bool wgmma_wins = p.head_dim == 128 || p.seqlen_k >= 512 || fits_one_wave(p);

@@ -379,7 +379,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
 // last block, which shorter calls feel (0.85x at 1k causal); they take blocks of 64 rows (one
 // consumer warpgroup), two per SM, so that one block's start (Q copy, first loads, first softmax)
 // and end run beside the other's main loop: 1.08-1.16x over blocks of 128 at 256-1024 rows on an
-// H100 and an H200; from 2048 rows 192 stays ahead (H200: 64 at 0.95x non-causal at 2k, 0.85-0.99x
+// H100 and an H200; from 2048 rows 192 stays ahead (H200: 64 at 0.95x non-causal at 2k, 0.84-0.99x
 // from 4k), each K/V tile feeding 64 rows instead of 192.
 constexpr int kWgmmaWsBlockMHeadDim64 = 192;
 constexpr int64_t kWgmmaWsMinRows192 = 2048;
