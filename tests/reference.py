@@ -109,6 +109,16 @@ def attention_ref_ieee(q, k, v, causal=False, softmax_scale=None):
     return out, lse
 
 
+def torch_from_jax(x):
+    """A torch view of a JAX array's values, the array waited for first: in the whole suite under xdist,
+    torch.from_dlpack of a JAX array just computed gave torch stale memory in some runs (a wrong
+    reference where waveboost had read the right values; benchmarks/NOTES.md, "Decode on the H200",
+    last bullet)."""
+    import torch
+
+    return torch.from_dlpack(x.block_until_ready())
+
+
 def attention_ref_torch(q, k, v, causal, scale, dtype=None):
     """softmax(scale q k^T) v in `dtype` (float64 by default) on q's device; BSHD in and out; lse (B, H, Lq).
 

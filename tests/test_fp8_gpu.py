@@ -23,7 +23,7 @@ import waveboost
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
-from reference import attention_ref_torch as reference  # noqa: E402
+from reference import attention_ref_torch as reference, torch_from_jax  # noqa: E402
 
 E4M3 = getattr(torch, "float8_e4m3fn", None)
 
@@ -220,10 +220,8 @@ def _jax_qkv(jax, gpu, shape, key, scales=(1.0, 1.0, 1.0)):
 
 
 def _to_torch(jax, x):
-    """A float32 torch view of a JAX array's values, waited for first: in the whole suite under xdist,
-    torch.from_dlpack of a JAX array just computed gave torch stale memory (a wrong reference) in some runs,
-    while waveboost had read the right values (benchmarks/NOTES.md, "Decode on the H200", last bullet)."""
-    return torch.from_dlpack(x.astype(jax.numpy.float32).block_until_ready())
+    """A float32 torch view of a JAX array's values (reference.torch_from_jax)."""
+    return torch_from_jax(x.astype(jax.numpy.float32))
 
 
 JAX_SHAPES = [  # batch, seqlen_q, seqlen_k, heads, heads_kv

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import waveboost
-from reference import attention_ref_torch as reference
+from reference import attention_ref_torch as reference, torch_from_jax
 
 torch = pytest.importorskip("torch", reason="the GPU tests drive the kernels through PyTorch")
 
@@ -297,9 +297,7 @@ def test_jax_eager_inputs():
     q, k, v = (jax.device_put(jnp.asarray(a, dtype=jnp.bfloat16), gpus[0]) for a in arrays)
     out, lse = waveboost.attention(q, k, v, causal=True, return_lse=True)
     assert isinstance(out, jax.Array) and out.dtype == jnp.bfloat16
-    # Waited for before torch reads them (torch.from_dlpack of a JAX array still being written can read stale
-    # memory: tests/test_fp8_gpu.py, _to_torch).
-    tq, tk, tv = (torch.from_dlpack(x.block_until_ready()) for x in (q, k, v))
+    tq, tk, tv = (torch_from_jax(x) for x in (q, k, v))
     check_against_reference(torch.from_dlpack(out), torch.from_dlpack(lse), tq, tk, tv, True,
                             1 / math.sqrt(128), "bf16")
     # The output is an ordinary JAX array: JAX computations on it see the written values.

@@ -237,7 +237,7 @@ def main():
     fwd_cases, bwd_cases, with_serving = all_cases, backward_cases(), torch.cuda.get_device_capability() >= (8, 0)
     if torch.cuda.get_device_capability() != (9, 0):
         bwd_cases = [c for c in bwd_cases if c[0] != "wgmma"]
-    if "--forward-only" in sys.argv:  # the dense forward calls alone
+    if "--forward-only" in sys.argv:  # the forward calls alone (no backward, no serving calls)
         bwd_cases, with_serving = [], False
     if "--backward-only" in sys.argv:  # the attention_backward calls alone
         fwd_cases = []
