@@ -119,11 +119,12 @@ def torch_from_jax(x):
     return torch.from_dlpack(x.block_until_ready())
 
 
-def attention_ref_torch(q, k, v, causal, scale, dtype=None):
+def attention_ref_torch(q, k, v, causal, scale, dtype=None, max_score_bytes=1 << 28):
     """softmax(scale q k^T) v in `dtype` (float64 by default) on q's device; BSHD in and out; lse (B, H, Lq).
 
     With dtype=q.dtype it is the plain same-dtype implementation of the half-precision rule.
-    Rows with no visible key get out 0 and LSE -inf.
+    Rows with no visible key get out 0 and LSE -inf. The query rows go in chunks whose score
+    matrix stays under max_score_bytes, so that many test processes sharing one GPU fit.
     """
     import torch
 
@@ -133,15 +134,22 @@ def attention_ref_torch(q, k, v, causal, scale, dtype=None):
     qt = q.to(dtype).transpose(1, 2)
     kt = k.to(dtype).repeat_interleave(group, dim=2).transpose(1, 2)
     vt = v.to(dtype).repeat_interleave(group, dim=2).transpose(1, 2)
-    s = (qt @ kt.transpose(-1, -2)) * scale
     lq, lk = q.shape[1], k.shape[1]
-    if causal:
-        i = torch.arange(lq, device=q.device)[:, None]
-        j = torch.arange(lk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + (lk - lq), float("-inf"))
-    lse = torch.logsumexp(s.double(), dim=-1)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no visible key: p = 0
-    return (p @ vt).transpose(1, 2), lse
+    per_row = max(1, qt.shape[0] * qt.shape[1] * lk * torch.finfo(dtype).bits // 8)
+    chunk = max(1, min(lq, max_score_bytes // per_row))
+    outs, lses = [], []
+    for r0 in range(0, lq, chunk):
+        s = (qt[:, :, r0:r0 + chunk] @ kt.transpose(-1, -2)) * scale
+        if causal:
+            i = torch.arange(r0, min(lq, r0 + chunk), device=q.device)[:, None]
+            j = torch.arange(lk, device=q.device)[None, :]
+            s = s.masked_fill(j > i + (lk - lq), float("-inf"))
+        lses.append(torch.logsumexp(s.double(), dim=-1))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no visible key: p = 0
+        outs.append(p @ vt)
+    if not outs:  # no query rows
+        return qt.new_zeros(qt.shape[:-1] + (vt.shape[-1],)).transpose(1, 2), qt.new_zeros(qt.shape[:-1]).double()
+    return torch.cat(outs, dim=2).transpose(1, 2), torch.cat(lses, dim=2)
 
 
 def attention_ref_rows_torch(q, k, v, rows, causal, scale, key_chunk=8192):

@@ -52,34 +52,25 @@ def test_tma_pipeline_on_views_of_a_bigger_buffer():
                 assert (lse.double() - ref_lse)[finite].abs().max().item() < 1e-3
 
 
-def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
-    """At head dim 64 the TMA kernel runs blocks of 192 query rows (three consumer warpgroups) from
-    2048 query rows on, blocks of 128 rows below: both sides of the threshold,
-    query lengths that leave a partial last block, causal with more and with fewer queries than keys
-    (rows that see no key: zeros, LSE -inf), GQA, a negative scale, and varlen batches whose longest
-    sequence crosses the threshold."""
+def _check_block_heights(d, cases, varlen, seed):
+    """The TMA kernel at head dim d against the float64 reference on dense `cases` (batch, heads,
+    heads_kv, seqlen_q, seqlen_k, causal, scale) and on `varlen` batches (query lengths, key
+    lengths, causal), fp16 and bf16 (varlen bf16)."""
     torch = pytest.importorskip("torch")
     import waveboost
     from reference import attention_ref_torch as reference
 
     g = torch.Generator(device="cuda")
-    g.manual_seed(19)
-    cases = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale, kernel expected
-        (1, 4, 2, 2047, 600, False, None, "wgmma_tma_hdim64"),  # 128-row blocks
-        (3, 4, 2, 700, 1500, True, -0.4, "wgmma_tma_hdim64"),  # 128-row blocks, causal
-        (1, 8, 2, 2048, 2048, True, None, "wgmma_tma_hdim64"),
-        (2, 3, 1, 2200, 1900, True, None, "wgmma_tma_hdim64"),  # 300 rows see no key
-        (1, 6, 3, 2113, 2500, True, -0.2, "wgmma_tma_hdim64"),
-        (2, 2, 1, 2305, 257, False, 0.3, "wgmma_tma_hdim64"),
-    ]  # grids of at least half the SMs' worth of 128-row blocks on an H100: no split-KV
+    g.manual_seed(seed)
     for dtype in (torch.float16, torch.bfloat16):
-        for b, h, hkv, lq, lk, causal, scale, kernel in cases:
-            q = torch.randn(b, lq, h, 64, generator=g, device="cuda").to(dtype)
-            k = torch.randn(b, lk, hkv, 64, generator=g, device="cuda").to(dtype)
-            v = torch.randn(b, lk, hkv, 64, generator=g, device="cuda").to(dtype)
-            s = 0.125 if scale is None else scale
+        for b, h, hkv, lq, lk, causal, scale in cases:
+            q = torch.randn(b, lq, h, d, generator=g, device="cuda").to(dtype)
+            k = torch.randn(b, lk, hkv, d, generator=g, device="cuda").to(dtype)
+            v = torch.randn(b, lk, hkv, d, generator=g, device="cuda").to(dtype)
+            s = d ** -0.5 if scale is None else scale
             where = (dtype, b, h, hkv, lq, lk, causal, s)
-            assert waveboost.plan(q, k, v, causal=causal, backend="wgmma")["kernel"].startswith(kernel), where
+            assert waveboost.plan(q, k, v, causal=causal, backend="wgmma")["kernel"].startswith(
+                f"wgmma_tma_hdim{d}"), where
             out, lse = waveboost.attention(q, k, v, causal=causal, softmax_scale=s, backend="wgmma",
                                            return_lse=True)
             ref, ref_lse = reference(q, k, v, causal, s)
@@ -91,15 +82,12 @@ def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
             if causal and lq > lk:
                 assert out[:, : lq - lk].abs().max().item() == 0, where
 
-    # Varlen: packed sequences of 2500, 0, 37 and 2049 query rows (max 2500: the 192-row kernel), and
-    # of 1000, 1, 0 and 517 (max 1000: 128-row blocks).
-    for lens_q, lens_k, causal in [([2500, 0, 37, 2049], [2600, 5, 0, 1500], c) for c in (False, True)] + [
-            ([1000, 1, 0, 517], [1300, 200, 9, 0], c) for c in (False, True)]:
+    for lens_q, lens_k, causal in varlen:
         cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
         cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
-        q = torch.randn(sum(lens_q), 4, 64, generator=g, device="cuda").to(torch.bfloat16)
-        k = torch.randn(sum(lens_k), 2, 64, generator=g, device="cuda").to(torch.bfloat16)
-        v = torch.randn(sum(lens_k), 2, 64, generator=g, device="cuda").to(torch.bfloat16)
+        q = torch.randn(sum(lens_q), 4, d, generator=g, device="cuda").to(torch.bfloat16)
+        k = torch.randn(sum(lens_k), 2, d, generator=g, device="cuda").to(torch.bfloat16)
+        v = torch.randn(sum(lens_k), 2, d, generator=g, device="cuda").to(torch.bfloat16)
         out = waveboost.attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
                                          causal=causal, backend="wgmma")
         for i in range(len(lens_q)):
@@ -111,5 +99,46 @@ def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
             if lens_k[i] == 0:
                 assert got.abs().max().item() == 0, (i, causal)
                 continue
-            ref, _ = reference(qs, ks, vs, causal, 64 ** -0.5)
+            ref, _ = reference(qs, ks, vs, causal, d ** -0.5)
             assert (got - ref[0]).abs().max().item() < 2e-2, (i, causal)
+
+
+def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
+    """At head dim 64 the TMA kernel runs blocks of 192 query rows (three consumer warpgroups) from
+    2048 query rows on (causal: 2304), blocks of 64 rows below: both sides of the thresholds,
+    query lengths that leave a partial last block, causal with more and with fewer queries than keys
+    (rows that see no key: zeros, LSE -inf), GQA, a negative scale, and varlen batches whose longest
+    sequence crosses the threshold."""
+    cases = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale
+        (1, 4, 2, 2047, 600, False, None),  # 64-row blocks
+        (3, 4, 2, 700, 1500, True, -0.4),  # 64-row blocks, causal
+        (1, 8, 2, 2048, 2048, True, None),  # 64-row blocks (causal under 2304)
+        (1, 8, 2, 2303, 2303, True, None),  # 64-row blocks, the last causal height under the threshold
+        (1, 8, 2, 2304, 2304, True, None),
+        (2, 3, 1, 2700, 2400, True, None),  # 300 rows see no key
+        (1, 6, 3, 2613, 3000, True, -0.2),
+        (2, 2, 1, 2305, 257, False, 0.3),
+    ]  # grids of at least half the SMs' worth of 128-row blocks on an H100: no split-KV
+    # Varlen: packed sequences of 2700, 0, 37 and 2049 query rows (max 2700: the 192-row kernel), and
+    # of 1000, 1, 0 and 517 (max 1000: 64-row blocks).
+    varlen = [([2700, 0, 37, 2049], [2600, 5, 0, 1500], c) for c in (False, True)] + [
+        ([1000, 1, 0, 517], [1300, 200, 9, 0], c) for c in (False, True)]
+    _check_block_heights(64, cases, varlen, seed=19)
+
+
+def test_tma_pipeline_head_dim_128_short_causal_blocks():
+    """At head dim 128 causal calls under 1280 query rows run blocks of 64 rows over 64-key tiles (two
+    per SM), the rest blocks of 128 rows over 128-key tiles: both sides of the threshold, partial last
+    blocks and key tiles, causal with more and with fewer queries than keys, GQA, a negative scale,
+    a single row and key, and varlen batches on either side."""
+    cases = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale
+        (2, 16, 4, 1279, 1279, True, None),  # 64 x 64 blocks
+        (1, 16, 8, 1280, 1400, True, -0.3),  # 128 x 128 blocks
+        (4, 16, 4, 300, 200, True, None),  # 100 rows see no key
+        (8, 16, 2, 97, 1025, True, 0.2),  # fewer queries than keys
+        (70, 2, 1, 1, 1, True, None),
+        (4, 16, 4, 700, 700, False, None),  # non-causal: 128 x 128 blocks
+    ]  # grids of at least half the SMs' worth of 128-row blocks on an H100: no split-KV
+    varlen = [([1000, 1, 0, 517], [1300, 200, 9, 0], True), ([1500, 3, 1200], [1500, 70, 1300], True),
+              ([1000, 1, 0, 517], [1300, 200, 9, 0], False)]
+    _check_block_heights(128, cases, varlen, seed=23)

@@ -67,63 +67,6 @@ struct FlashBwdWgmmaTraits : BackwardSmemLayout<128, 64, kHeadDim_, 2> {
                 Layout::kDsTileBytes % kAtomBytes == 0);
 };
 
-namespace wgmma {
-
-// D (64 x 64, f32) {=, +=} A (64 x 16) B (16 x 64), A and B K-major in shared memory.
-template <typename Element, bool kAccumulate>
-__device__ __forceinline__ void mma_m64n64k16_ss(float (&d)[32], uint64_t a_desc, uint64_t b_desc) {
-  static_assert(std::is_same_v<Element, __half> || std::is_same_v<Element, __nv_bfloat16>, "16-bit inputs");
-#define WAVEBOOST_R8(C, i) C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), C(d[i + 4]), C(d[i + 5]), C(d[i + 6]), C(d[i + 7])
-#define WAVEBOOST_R32(C) WAVEBOOST_R8(C, 0), WAVEBOOST_R8(C, 8), WAVEBOOST_R8(C, 16), WAVEBOOST_R8(C, 24)
-#define WAVEBOOST_D32                                                                                   \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
-  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define WAVEBOOST_SS64(TYPES, C, SCALE_D, TRANS)                                                       \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " " WAVEBOOST_D32                  \
-               ", %32, %33, %34, 1, 1, " TRANS ";\n"                                                  \
-               : WAVEBOOST_R32(C)                                                                     \
-               : "l"(a_desc), "l"(b_desc), "n"(SCALE_D))
-  if constexpr (std::is_same_v<Element, __half>) {
-    if constexpr (kAccumulate) {
-      WAVEBOOST_SS64("f16.f16", "+f", 1, "0, 0");
-    } else {
-      WAVEBOOST_SS64("f16.f16", "=f", 0, "0, 0");
-    }
-  } else {
-    if constexpr (kAccumulate) {
-      WAVEBOOST_SS64("bf16.bf16", "+f", 1, "0, 0");
-    } else {
-      WAVEBOOST_SS64("bf16.bf16", "=f", 0, "0, 0");
-    }
-  }
-}
-
-// D (64 x 64, f32) {=, +=} A (64 x 16) B (16 x 64), A and B MN-major in shared memory
-// (imm-trans-a = imm-trans-b = 1: A's M index and B's N index are the contiguous ones).
-template <typename Element, bool kAccumulate>
-__device__ __forceinline__ void mma_m64n64k16_ss_tt(float (&d)[32], uint64_t a_desc, uint64_t b_desc) {
-  static_assert(std::is_same_v<Element, __half> || std::is_same_v<Element, __nv_bfloat16>, "16-bit inputs");
-  if constexpr (std::is_same_v<Element, __half>) {
-    if constexpr (kAccumulate) {
-      WAVEBOOST_SS64("f16.f16", "+f", 1, "1, 1");
-    } else {
-      WAVEBOOST_SS64("f16.f16", "=f", 0, "1, 1");
-    }
-  } else {
-    if constexpr (kAccumulate) {
-      WAVEBOOST_SS64("bf16.bf16", "+f", 1, "1, 1");
-    } else {
-      WAVEBOOST_SS64("bf16.bf16", "=f", 0, "1, 1");
-    }
-  }
-#undef WAVEBOOST_SS64
-#undef WAVEBOOST_D32
-#undef WAVEBOOST_R32
-#undef WAVEBOOST_R8
-}
-
-}  // namespace wgmma
-
 namespace flash_bwd_wgmma {
 
 // 16-bit pair of the fp32 accumulators (j, j + 1) of 8-column group i: the A fragment of k16

@@ -49,7 +49,8 @@ namespace waveboost::cuda {
 /// \tparam Element_  __half or __nv_bfloat16 (Q, K, V, O, P); accumulation is fp32.
 /// \tparam kHeadDim_ 64 or 128.
 /// \tparam kBlockM_  query rows per block, 64 per consumer warpgroup (the cp.async kernel: 128).
-template <typename Element_, int kHeadDim_, int kBlockM_ = kWgmmaBlockM>
+/// \tparam kBlockN_  keys per tile: 128, or 64 (16-bit, the TMA kernel's short causal blocks at head dim 128).
+template <typename Element_, int kHeadDim_, int kBlockM_ = kWgmmaBlockM, int kBlockN_ = kWgmmaBlockN>
 struct FlashWgmmaTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -59,8 +60,9 @@ struct FlashWgmmaTraits {
   static constexpr int kThreads = kWarpgroups * 128;
   // Keys per tile = N of S's wgmma. 128 keeps S at 64 registers per thread and gives each
   // wgmma of Q K^T 64 x 128 x 16 (long instructions amortize their issue); D = 128 then
-  // holds S 64 + O 64 floats + P 32 registers per thread.
-  static constexpr int kBlockN = kWgmmaBlockN;
+  // holds S 64 + O 64 floats + P 32 registers per thread. 64 halves S and P and the shared
+  // memory of a K/V tile (flash_wgmma_ws.cuh: two 64-row blocks per SM at head dim 128).
+  static constexpr int kBlockN = kBlockN_;
 
   // wgmma's K: 16 for 16-bit elements, 32 for 8-bit ones (32 B of a row either way).
   static constexpr int kSliceK = 32 / int(sizeof(Element));
@@ -193,11 +195,14 @@ __device__ __forceinline__ void negate_own_q_chunks(unsigned char* q_tile) {
 // The two products (issue only; the caller commits and waits)
 // ----------------------------------------------------------------------------
 
-// One k slice of S = Q K^T: k16 for 16-bit elements, k32 for e4m3.
-template <typename Element, bool kAccumulate>
-__device__ __forceinline__ void issue_score_slice(float (&s)[64], uint64_t q_desc, uint64_t k_desc) {
+// One k slice of S = Q K^T over N keys: k16 for 16-bit elements (N = 64 or 128), k32 for e4m3 (N = 128).
+template <typename Element, int N, bool kAccumulate>
+__device__ __forceinline__ void issue_score_slice(float (&s)[N / 2], uint64_t q_desc, uint64_t k_desc) {
   if constexpr (sizeof(Element) == 1) {
+    static_assert(N == 128, "e4m3 tiles of 128 keys");
     wgmma::mma_m64n128k32_ss_e4m3<kAccumulate>(s, q_desc, k_desc);
+  } else if constexpr (N == 64) {
+    wgmma::mma_m64n64k16_ss<Element, kAccumulate>(s, q_desc, k_desc);
   } else {
     wgmma::mma_m64n128k16_ss<Element, kAccumulate>(s, q_desc, k_desc);
   }
@@ -208,12 +213,12 @@ __device__ __forceinline__ void issue_score_slice(float (&s)[64], uint64_t q_des
 template <typename Traits>
 __device__ __forceinline__ void issue_scores(float (&s)[Traits::kScoreRegs], uint64_t q_desc, uint64_t k_desc) {
   using Element = typename Traits::Element;
-  issue_score_slice<Element, false>(s, q_desc, k_desc);
+  issue_score_slice<Element, Traits::kBlockN, false>(s, q_desc, k_desc);
 #pragma unroll
   for (int kk = 1; kk < Traits::kDimSlices; ++kk) {
     const uint32_t in_row = (kk % Traits::kSlicesPerPanel) * 32;
     const uint32_t panel = kk / Traits::kSlicesPerPanel;
-    issue_score_slice<Element, true>(s, wgmma::advance(q_desc, panel * Traits::kBlockM * Traits::kRowBytes + in_row),
+    issue_score_slice<Element, Traits::kBlockN, true>(s, wgmma::advance(q_desc, panel * Traits::kBlockM * Traits::kRowBytes + in_row),
                                      wgmma::advance(k_desc, panel * Traits::kBlockN * Traits::kRowBytes + in_row));
   }
 }

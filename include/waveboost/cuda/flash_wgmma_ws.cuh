@@ -48,9 +48,10 @@
 namespace waveboost::cuda {
 
 /// \brief The wgmma traits plus the ring and the thread roles of the warp-specialized kernel.
-template <typename Element_, int kHeadDim_, int kStages_, int kBlockM_ = kWgmmaBlockM, int kBlocksPerSM_ = 1>
-struct FlashWgmmaWsTraits : FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_> {
-  using Base = FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_>;
+template <typename Element_, int kHeadDim_, int kStages_, int kBlockM_ = kWgmmaBlockM, int kBlocksPerSM_ = 1,
+          int kBlockN_ = kWgmmaBlockN>
+struct FlashWgmmaWsTraits : FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> {
+  using Base = FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_, kBlockN_>;
   static constexpr int kStages = kStages_;
   // Blocks the kernel is built to run side by side on one SM (its launch bounds): they share the
   // register file, and so the registers setmaxnreg can hand the consumers.
@@ -380,14 +381,16 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
 // consumer warpgroup), two per SM, so that one block's start (Q copy, first loads, first softmax)
 // and end run beside the other's main loop: 1.08-1.16x over blocks of 128 at 256-1024 rows on an
 // H100 and an H200; from 2048 rows 192 stays ahead (H200: 64 at 0.95x non-causal at 2k, 0.84-0.99x
-// from 4k), each K/V tile feeding 64 rows instead of 192.
+// from 4k), each K/V tile feeding 64 rows instead of 192. Causal calls keep 64 below 2304 rows
+// (over 192, H100: 1.03-1.05x at 2048 causal, 0.99x at 2304, 0.95-0.97x at 3072; H200 1.04x at 2048).
 constexpr int kWgmmaWsBlockMHeadDim64 = 192;
 constexpr int64_t kWgmmaWsMinRows192 = 2048;
+constexpr int64_t kWgmmaWsMinRows192Causal = 2304;
 constexpr int kWgmmaWsBlockMShort = 64;
 constexpr int kWgmmaWsShortBlocksPerSM = 2;
 
-template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM = 1>
-using FlashWgmmaWsRingTraits = FlashWgmmaWsTraits<Element, kHeadDim, 2, kBlockM, kBlocksPerSM>;
+template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM = 1, int kBlockN = kWgmmaBlockN>
+using FlashWgmmaWsRingTraits = FlashWgmmaWsTraits<Element, kHeadDim, 2, kBlockM, kBlocksPerSM, kBlockN>;
 
 // The instantiation of the largest shared memory per head dim (what the kernel table reports).
 template <typename Element, int kHeadDim>
@@ -405,19 +408,36 @@ inline int wgmma_ws_block_m(const AttentionParams& p) {
   }();
   if (p.head_dim != 64) return kWgmmaBlockM;
   if (forced > 0) return forced;
-  return p.seqlen_q >= kWgmmaWsMinRows192 ? kWgmmaWsBlockMHeadDim64 : kWgmmaWsBlockMShort;
+  const int64_t min_rows_192 = p.is_causal ? kWgmmaWsMinRows192Causal : kWgmmaWsMinRows192;
+  return p.seqlen_q >= min_rows_192 ? kWgmmaWsBlockMHeadDim64 : kWgmmaWsBlockMShort;
+}
+
+// Head dim 128, causal calls under kWgmmaWsD128ShortMaxRows query rows: blocks of 64 rows with
+// 64-key tiles, two per SM (81 KB of shared memory each; with 128-key tiles a 64-row block takes
+// 145 KB, one per SM). Over 128 x 128 blocks (H100, bf16 and fp16): causal 1.09x at 512 rows,
+// 1.05-1.06x at 768, 1.02-1.03x at 1024, 0.98x at 1536; non-causal 1.01x at 512 and 0.91-0.98x from
+// 768, so non-causal calls keep 128 x 128 (and no non-causal kernel of this shape is built).
+// WAVEBOOST_WGMMA_D128_ROWS=128 (read once per process) turns it off, to measure the rule.
+constexpr int kWgmmaWsD128ShortBlockN = 64;
+constexpr int64_t kWgmmaWsD128ShortMaxRows = 1280;
+inline bool wgmma_ws_d128_short(const AttentionParams& p) {
+  static const bool off = [] {
+    const char* v = std::getenv("WAVEBOOST_WGMMA_D128_ROWS");
+    return v != nullptr && std::atoi(v) == kWgmmaBlockM;
+  }();
+  return !off && p.is_causal && p.head_dim == 128 && p.seqlen_q < kWgmmaWsD128ShortMaxRows;
 }
 
 /// \brief Warp-specialized flash attention forward; grid as the wgmma kernel's (query blocks,
 /// batch * heads folded over y and z), kBlockM / 64 consumer warpgroups and a producer per block.
 /// kSequences: p may carry cu_seqlens_q / cu_seqlens_k / seqused_k (not a paged K/V).
-template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, bool kCausal, bool kSequences>
-__global__ void __launch_bounds__(FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM>::kBlockThreads,
-                                  kBlocksPerSM)
+template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, int kBlockN, bool kCausal, bool kSequences>
+__global__ void __launch_bounds__(
+    FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>::kBlockThreads, kBlocksPerSM)
     flash_wgmma_ws_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map) {
-  flash_wgmma_ws::attend_block<FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM>, CausalMask<kCausal>,
-                               kSequences>(p, &k_map, &v_map);
+  flash_wgmma_ws::attend_block<FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>,
+                               CausalMask<kCausal>, kSequences>(p, &k_map, &v_map);
 }
 
 /// \brief The tensor maps of K and V (p.dtype), boxes of 64 columns x box_rows keys: (head_dim,
@@ -441,9 +461,11 @@ inline bool wgmma_ws_takes(const AttentionParams& p) {
 }
 
 /// \brief The launch of one block height (launch_flash_wgmma_ws picks it).
-template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM = 1>
+/// kCausalOnly: only the causal kernels of this shape are built (the rule sends no other call).
+template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM = 1, int kBlockN = kWgmmaBlockN,
+          bool kCausalOnly = false>
 Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream) {
-  using Traits = FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM>;
+  using Traits = FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>;
   // Without keys (e4m3 only: the other dtypes run such calls on the wgmma kernel) no tile is
   // loaded and the maps are never read.
   CUtensorMap k_map{}, v_map{};
@@ -453,13 +475,18 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
   const FoldedGrid g = folded_grid(p, Traits::kBlockM);
   const bool sequences = !p.is_dense();
-  auto kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, true, false>
-                            : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, false, false>;
-  if constexpr (Traits::kTransposes) {
-    if (sequences) return Status::NotSupported("the e4m3 wgmma kernel runs dense batches");
-  } else if (sequences) {
-    kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, true, true>
-                         : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, false, true>;
+  auto kernel = flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true, false>;
+  if constexpr (kCausalOnly) {
+    if (!p.is_causal) return Status::Internal("this wgmma block shape is built for causal calls only");
+    if (sequences) kernel = flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true, true>;
+  } else {
+    if (!p.is_causal) kernel = flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false, false>;
+    if constexpr (Traits::kTransposes) {
+      if (sequences) return Status::NotSupported("the e4m3 wgmma kernel runs dense batches");
+    } else if (sequences) {
+      kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true, true>
+                           : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false, true>;
+    }
   }
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(g.x), static_cast<unsigned>(g.y), static_cast<unsigned>(g.z));
@@ -483,6 +510,11 @@ Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
       return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMHeadDim64>(p, stream);
     return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM>(p, stream);
   } else {
+    if constexpr (sizeof(Element) == 2) {
+      if (wgmma_ws_d128_short(p))
+        return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM,
+                                          kWgmmaWsD128ShortBlockN, true>(p, stream);
+    }
     return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaBlockM>(p, stream);
   }
 }

@@ -130,6 +130,41 @@ __device__ __forceinline__ void mma_m64n128k16_ss(float (&d)[64], uint64_t a_des
 #undef WAVEBOOST_WGMMA_SS
 }
 
+// D (64 x 64, f32) {=, +=} A (64 x 16) B (16 x 64), both in shared memory: kTransposed false, both
+// K-major; true, both MN-major (imm-trans-a = imm-trans-b = 1: A's M index and B's N index are the
+// contiguous ones).
+template <typename Element, bool kAccumulate, bool kTransposed = false>
+__device__ __forceinline__ void mma_m64n64k16_ss_any(float (&d)[32], uint64_t a_desc, uint64_t b_desc) {
+  static_assert(std::is_same_v<Element, __half> || std::is_same_v<Element, __nv_bfloat16>, "16-bit inputs");
+#define WAVEBOOST_WGMMA_SS32(TYPES, C, SCALE_D)                                                           \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " " WAVEBOOST_WGMMA_D32                \
+               ", %32, %33, %34, 1, 1, %35, %35;\n"                                                      \
+               : WAVEBOOST_WGMMA_REGS32(C, d)                                                             \
+               : "l"(a_desc), "l"(b_desc), "n"(SCALE_D), "n"(kTransposed ? 1 : 0))
+  if constexpr (std::is_same_v<Element, __half>) {
+    if constexpr (kAccumulate) {
+      WAVEBOOST_WGMMA_SS32("f16.f16", "+f", 1);
+    } else {
+      WAVEBOOST_WGMMA_SS32("f16.f16", "=f", 0);
+    }
+  } else {
+    if constexpr (kAccumulate) {
+      WAVEBOOST_WGMMA_SS32("bf16.bf16", "+f", 1);
+    } else {
+      WAVEBOOST_WGMMA_SS32("bf16.bf16", "=f", 0);
+    }
+  }
+#undef WAVEBOOST_WGMMA_SS32
+}
+template <typename Element, bool kAccumulate>
+__device__ __forceinline__ void mma_m64n64k16_ss(float (&d)[32], uint64_t a_desc, uint64_t b_desc) {
+  mma_m64n64k16_ss_any<Element, kAccumulate, false>(d, a_desc, b_desc);
+}
+template <typename Element, bool kAccumulate>
+__device__ __forceinline__ void mma_m64n64k16_ss_tt(float (&d)[32], uint64_t a_desc, uint64_t b_desc) {
+  mma_m64n64k16_ss_any<Element, kAccumulate, true>(d, a_desc, b_desc);
+}
+
 // D (64 x N, f32) += A (64 x 16, registers) B (16 x N), B MN-major in shared memory
 // (imm-trans-b = 1: B's N index is the contiguous one). N = 64 or 128.
 template <typename Element, int N>
