@@ -134,7 +134,9 @@ SHAPES = {
     # At least 2048 query rows (head dim 64 runs the TMA kernel from there); 272 blocks: unsplit below 544 SMs.
     ("wgmma", "tma"): (2, 2100, 1777, 8, 2),
     ("wgmma", ""): (1, 64, 4097, 1, 1),
-    ("decode", ""): (3, 1, 1500, 16, 4),
+    # 64 query rows per kv head: the cp.async kernel on every device (the TMA variant takes <= 32).
+    ("decode", ""): (3, 1, 1500, 64, 1),
+    ("decode", "tma"): (3, 1, 1500, 16, 4),
 }
 DEFAULT_SHAPE = (2, 97, 258, 4, 2)
 
@@ -203,3 +205,9 @@ def test_plan_names_the_tma_kernel_and_the_split():
     q, k = mk(1, 64, 1, 64), mk(1, 8192, 1, 64)
     plan = waveboost.plan(q, k, k, backend="wgmma")
     assert plan["kernel"] == "wgmma_hdim64_bf16" and plan["num_splits"] > 1 and plan["merge"] == "combine-kernel", plan
+    # Decode on a dense cache: the TMA variant for tiles of up to 32 rows; 64 rows, and paged caches,
+    # take the cp.async kernel.
+    q, k = mk(16, 1, 32, 128), mk(16, 4096, 8, 128)
+    assert waveboost.plan(q, k, k, backend="decode")["kernel"] == "decode_tma_hdim128_bf16"
+    q, k = mk(16, 1, 64, 128), mk(16, 4096, 1, 128)
+    assert waveboost.plan(q, k, k, backend="decode")["kernel"] == "decode_hdim128_bf16"

@@ -1,7 +1,8 @@
 // Backend "decode": can_implement, the number of split-KV pieces, the workspace, and the
 // launch of the decode kernel (include/waveboost/cuda/decode.cuh) through the kernel registry;
 // the kernel merges the split pieces of 16-row tiles itself, those of 32- and 64-row tiles go to the
-// combine of include/waveboost/cuda/core/combine.cuh.
+// combine of include/waveboost/cuda/core/combine.cuh. On sm_90, dense caches stream by TMA
+// (decode_variant).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -108,10 +109,32 @@ Status device_splits(const AttentionParams& p, int* splits) {
   return Status::Ok();
 }
 
+// The kernel table's variant for p: "tma" (K/V tiles by TMA, decode_tma_applies) on a compute
+// capability 9.0 device of a build with sm_90a objects, unless WAVEBOOST_DECODE_PIPELINE=cp.async
+// (read once per process), else "" (16 B cp.async from every thread).
+const char* decode_variant(const AttentionParams& p) {
+#ifdef WAVEBOOST_WITH_SM90A
+  static const bool tma = [] {
+    const char* v = std::getenv("WAVEBOOST_DECODE_PIPELINE");
+    return v == nullptr || std::strcmp(v, "cp.async") != 0;
+  }();
+  int cc = 0;
+  if (tma && compute_capability(p.device_id, &cc).ok() && cc == 90 && decode_tma_applies(p)) return "tma";
+#else
+  (void)p;
+#endif
+  return "";
+}
+
 Status launch(const AttentionParams& p, const DecodeSplit& split, cudaStream_t s) {
   ForwardLaunch launch;
   launch.stream = s;
   launch.decode = &split;
+  const char* variant = decode_variant(p);
+  if (variant[0] != '\0') {
+    const Status tma = run_forward(Backend::kDecode, variant, p, launch);
+    if (tma.code() != StatusCode::kNotSupported) return tma;  // else the driver refused the tensor maps
+  }
   return run_forward(Backend::kDecode, "", p, launch);
 }
 
@@ -147,7 +170,7 @@ Status decode_can_implement(const AttentionParams& p) {
 Status decode_plan(const AttentionParams& p, ForwardPlan* plan) {
   if (Status st = device_splits(p, &plan->num_splits); !st.ok()) return st;
   plan->merge = plan->num_splits == 1 ? "" : (merge_in_kernel(p) ? "in-kernel" : "combine-kernel");
-  return plan_kernel(Backend::kDecode, "", p, plan);
+  return plan_kernel(Backend::kDecode, decode_variant(p), p, plan);
 }
 
 Status decode_forward(const AttentionParams& p, void* stream) {

@@ -7,7 +7,9 @@
 // per query head. (More rows than kBlockM take further row tiles, each reading the keys again.)
 // K/V tiles of kBlockN keys stream through kStages shared-memory stages with 16 B cp.async,
 // their addresses from core::KVAddress (dense, packed or paged: the page of key j through the
-// block table). Scores and P V run on mma.sync m16n8k16 with fp32 accumulators and the online
+// block table); on sm_90, dense caches in tiles of 16 or 32 rows stream by TMA instead (kTma: one
+// thread loads each tile as 64-column boxes that complete an mbarrier per stage, and issues tile
+// i + kStages - 1 before the wait for tile i). Scores and P V run on mma.sync m16n8k16 with fp32 accumulators and the online
 // softmax in fp32, FlashAttention-2 style; with kBlockM = 16 the four warps split each key tile
 // instead of the rows (with 32, two pairs of warps do), and merge their states at the end.
 //
@@ -25,6 +27,7 @@
 #include "waveboost/cuda/common.cuh"
 #include "waveboost/cuda/core/kv_iterator.cuh"
 #include "waveboost/cuda/mma_primitives.cuh"
+#include "waveboost/cuda/tma_primitives.cuh"
 
 namespace waveboost::cuda {
 
@@ -38,11 +41,14 @@ constexpr int kDecodeMaxSplits = 128;
 /// \tparam kBlockM_  query rows per block: 16 (the four warps split the keys of a tile), 32 (two
 ///                   warps of 16 rows, each pair splitting the keys) or 64 (each warp owns 16
 ///                   rows, as FlashAttention-2).
-template <typename Element_, int kHeadDim_, int kBlockM_>
+/// \tparam kTma_    K/V tiles by TMA (one thread, boxes of 64 columns, an mbarrier per stage; sm_90,
+///                   dense caches) instead of 16 B cp.async from every thread.
+template <typename Element_, int kHeadDim_, int kBlockM_, bool kTma_ = false>
 struct DecodeTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
+  static constexpr bool kTma = kTma_;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpsM = kBlockM / 16;         // warps along the rows
@@ -62,14 +68,18 @@ struct DecodeTraits {
   // Epilogue: each warp's O (fp32) per row, padded by 8 floats against bank conflicts.
   static constexpr int kOStride = kHeadDim + 8;
   static constexpr int kEpilogueBytes = kWarpsN * kBlockM * kOStride * 4 + 2 * kWarpsN * kBlockM * 4;
-  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes;
+  // TMA: the K/V stages start at a 1024 B boundary (the 128 B swizzle's period), then a barrier per stage.
+  static constexpr int kKVBytes = kStages * 2 * kTileBytes;
+  static constexpr int kSmemBytes = kQBytes + kKVBytes + (kTma ? 1024 + kStages * 8 : 0);
+  static constexpr int kPanelCols = 64;  // a TMA box's columns: 128 B of a row
+  static constexpr int kPanels = kHeadDim / kPanelCols;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(kBlockM == 16 || kBlockM == 32 || kBlockM == 64, "16, 32 or 64 rows");
   static_assert(kWarpKeys % 16 == 0, "a warp scores whole k16 slices of keys");
   static_assert(kChunksPerRow >= 8 && kRowsPerCopyPass % 8 == 0, "swizzle period");
   static_assert(kBlockN % kRowsPerCopyPass == 0 && kBlockM % kRowsPerCopyPass == 0, "whole copy passes");
-  static_assert(kEpilogueBytes <= kStages * 2 * kTileBytes, "the epilogue reuses the K/V stages");
+  static_assert(kEpilogueBytes <= kKVBytes, "the epilogue reuses the K/V stages");
   // The in-kernel merge: a weight per (piece, row) and an LSE per row, over all of shared memory.
   static constexpr int kMergeBytes = (kDecodeMaxSplits + 1) * kBlockM * 4;
   static_assert(kMergeBytes <= kSmemBytes, "the merge reuses the whole of shared memory");
@@ -96,6 +106,16 @@ namespace decode {
 template <typename Traits>
 __device__ __forceinline__ int tile_offset(int row, int chunk) {
   return row * Traits::kHeadDim + ((chunk ^ (row & 7)) * Traits::kChunk);
+}
+
+// Element offset of chunk `chunk` of key row `row` in a K/V tile: 64-column panels of kBlockN rows
+// of 128 B, chunks XOR-swizzled by row within a panel (the layout a TMA box of 64 columns writes
+// with the 128 B swizzle; at head dim 64 the same offsets as tile_offset).
+template <typename Traits>
+__device__ __forceinline__ int kv_offset(int row, int chunk) {
+  constexpr int kChunksPerPanel = Traits::kPanelCols / Traits::kChunk;
+  return (chunk / kChunksPerPanel) * (Traits::kBlockN * Traits::kPanelCols) + row * Traits::kPanelCols +
+         (((chunk % kChunksPerPanel) ^ (row & 7)) * Traits::kChunk);
 }
 
 // A row's softmax state merged over the kWarpsN warps that scored its keys: m the max (log2
@@ -275,14 +295,18 @@ __device__ __forceinline__ void merge_pieces(const AttentionParams& p, const Dec
 }
 
 template <typename Traits>
-__device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSplit& split) {
+__device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSplit& split, const CUtensorMap* k_map,
+                                       const CUtensorMap* v_map) {
   using Element = typename Traits::Element;
   constexpr int D = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* q_smem = reinterpret_cast<Element*>(smem_raw);
-  Element* kv_smem = reinterpret_cast<Element*>(smem_raw + Traits::kQBytes);  // [stage][K, V][kBlockN][D]
+  // [stage][K, V][panel][kBlockN][64]
+  const uint32_t kv_pad = Traits::kTma ? (1024 - (mma::shared_address(smem_raw) + Traits::kQBytes) % 1024) % 1024 : 0;
+  Element* kv_smem = reinterpret_cast<Element*>(smem_raw + Traits::kQBytes + kv_pad);
+  const uint32_t full_bar = mma::shared_address(smem_raw) + Traits::kQBytes + kv_pad + Traits::kKVBytes;  // TMA
 
   // Block -> (row tile, split, sequence and kv head), row tiles fastest so that the blocks
   // reading the same keys run together.
@@ -351,6 +375,19 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
     const int64_t j0 = tile * kBlockN;
     Element* k_tile = kv_smem + stage * 2 * (kBlockN * D);
     Element* v_tile = k_tile + kBlockN * D;
+    if constexpr (Traits::kTma) {  // thread 0 only: rows past the cache's extent arrive as zeros
+      const uint32_t bar = full_bar + 8 * stage;
+      tma::arrive_expect_tx(bar, 2 * Traits::kTileBytes);
+      const int row = static_cast<int>(j0);
+#pragma unroll
+      for (int panel = 0; panel < Traits::kPanels; ++panel) {
+        tma::load_4d(mma::shared_address(k_tile + panel * kBlockN * Traits::kPanelCols), k_map, bar,
+                     panel * Traits::kPanelCols, row, static_cast<int>(h_kv), static_cast<int>(b));
+        tma::load_4d(mma::shared_address(v_tile + panel * kBlockN * Traits::kPanelCols), v_map, bar,
+                     panel * Traits::kPanelCols, row, static_cast<int>(h_kv), static_cast<int>(b));
+      }
+      return;
+    }
     const int chunk = tid % Traits::kChunksPerRow;
 #pragma unroll
     for (int pass = 0; pass < kBlockN / Traits::kRowsPerCopyPass; ++pass) {
@@ -360,16 +397,27 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
       bool valid = j < key_end;
       if (valid) valid = kv.locate(j, k_off, v_off);
       if (!valid) k_off = v_off = 0;
-      const int at = tile_offset<Traits>(r, chunk);
+      const int at = kv_offset<Traits>(r, chunk);
       copy_row_chunk(mma::shared_address(k_tile + at), k_gmem + k_off + chunk * Traits::kChunk, valid);
       copy_row_chunk(mma::shared_address(v_tile + at), v_gmem + v_off + chunk * Traits::kChunk, valid);
     }
   };
 
+  if constexpr (Traits::kTma) {
+    if (tid == 0) {
+      for (int s = 0; s < Traits::kStages; ++s) tma::barrier_init(full_bar + 8 * s, 1);
+      tma::fence_barrier_init();
+      tma::prefetch_map(k_map);
+      tma::prefetch_map(v_map);
+      for (int s = 0; s < Traits::kStages - 1 && s < n_tiles; ++s) load_tile(tile_begin + s, s);
+    }
+    mma::wait_copies<0>();  // Q
+  } else {
 #pragma unroll
-  for (int s = 0; s < Traits::kStages - 1; ++s) {
-    if (s < n_tiles) load_tile(tile_begin + s, s);
-    mma::commit_copies();
+    for (int s = 0; s < Traits::kStages - 1; ++s) {
+      if (s < n_tiles) load_tile(tile_begin + s, s);
+      mma::commit_copies();
+    }
   }
 
   // ---- per-row state: this thread holds rows g and g + 8 of its warp's 16 ----
@@ -389,17 +437,37 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
 
 
   for (int it = 0; it < n_tiles; ++it) {
-    mma::wait_copies<Traits::kStages - 2>();
-    __syncthreads();
-    // The stage consumed in the previous iteration is free for tile it + kStages - 1.
-    {
+    const int stage = it % Traits::kStages;
+    const Element* k_tile = kv_smem + stage * 2 * (kBlockN * D);
+    const Element* v_tile = k_tile + kBlockN * D;
+    if constexpr (Traits::kTma) {
+      // Every warp is done with the stage of tile it - 1 (and, at it = 0, the barriers are set up and
+      // Q has landed): tile it + kStages - 1 goes there before the wait for tile it, so that kStages
+      // tiles are in flight during the wait.
+      __syncthreads();
+      const int next = it + Traits::kStages - 1;
+      if (tid == 0 && next < n_tiles) load_tile(tile_begin + next, next % Traits::kStages);
+      tma::wait(full_bar + 8 * stage, (it / Traits::kStages) & 1);
+      // V rows past the keys the block sees, inside the cache (its unused slots may hold anything,
+      // and P = 0 times a NaN is NaN): zeros, before any warp reads the tile.
+      const int64_t j_first = (tile_begin + it) * kBlockN;
+      if (j_first + kBlockN > key_end) {
+        const int first_row = static_cast<int>(key_end - j_first);
+        Element* v_zero = kv_smem + stage * 2 * (kBlockN * D) + kBlockN * D;
+        for (int c = tid; c < (kBlockN - first_row) * Traits::kChunksPerRow; c += Traits::kThreads) {
+          const int r = first_row + c / Traits::kChunksPerRow;
+          *reinterpret_cast<uint4*>(v_zero + kv_offset<Traits>(r, c % Traits::kChunksPerRow)) = make_uint4(0, 0, 0, 0);
+        }
+        __syncthreads();
+      }
+    } else {
+      mma::wait_copies<Traits::kStages - 2>();
+      __syncthreads();
+      // The stage consumed in the previous iteration is free for tile it + kStages - 1.
       const int next = it + Traits::kStages - 1;
       if (next < n_tiles) load_tile(tile_begin + next, next % Traits::kStages);
       mma::commit_copies();
     }
-    const int stage = it % Traits::kStages;
-    const Element* k_tile = kv_smem + stage * 2 * (kBlockN * D);
-    const Element* v_tile = k_tile + kBlockN * D;
     const int key0 = warp_n * Traits::kWarpKeys;  // the warp's keys within the tile
 
     // S = Q K^T over the warp's keys.
@@ -418,7 +486,7 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
         uint32_t kf[4];
         const int key = key0 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
         const int chunk = 2 * ks + ((lane >> 3) & 1);
-        mma::load_matrix_x4(kf, mma::shared_address(k_tile + tile_offset<Traits>(key, chunk)));
+        mma::load_matrix_x4(kf, mma::shared_address(k_tile + kv_offset<Traits>(key, chunk)));
         mma::mma_16x8x16<Element>(s[2 * np], q_frag, kf[0], kf[1]);
         mma::mma_16x8x16<Element>(s[2 * np + 1], q_frag, kf[2], kf[3]);
       }
@@ -486,7 +554,7 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
         uint32_t vf[4];
         const int key = key0 + ks * 16 + (lane & 15);
         const int chunk = 2 * dp + (lane >> 4);
-        mma::load_matrix_x4_trans(vf, mma::shared_address(v_tile + tile_offset<Traits>(key, chunk)));
+        mma::load_matrix_x4_trans(vf, mma::shared_address(v_tile + kv_offset<Traits>(key, chunk)));
         mma::mma_16x8x16<Element>(o[2 * dp], a, vf[0], vf[1]);
         mma::mma_16x8x16<Element>(o[2 * dp + 1], a, vf[2], vf[3]);
       }
@@ -494,6 +562,12 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   }
   mma::wait_copies<0>();
   __syncthreads();  // every warp is done with the stages: the epilogue reuses them
+  if constexpr (Traits::kTma) {
+    // The barriers' memory may be reused by the merge below (after further block barriers).
+    if (tid == 0) {
+      for (int s = 0; s < Traits::kStages; ++s) tma::barrier_inval(full_bar + 8 * s);
+    }
+  }
 
   // ---- Epilogue: merge the warps of a row (kWarpsN of them), normalize, write ----
   float* o_smem = reinterpret_cast<float*>(smem_raw + Traits::kQBytes);  // [kWarpsN][kBlockM][kOStride]
@@ -593,25 +667,50 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const __grid_c
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // cp.async and bf16 mma need sm_80; decode_can_implement refuses older devices
 #else
-  decode::attend<Traits>(p, split);
+  decode::attend<Traits>(p, split, nullptr, nullptr);
+#endif
+}
+
+/// \brief The decode kernel with K/V tiles by TMA (Traits::kTma; sm_90, dense caches).
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads)
+    decode_tma_kernel(const __grid_constant__ AttentionParams p, const DecodeSplit split,
+                      const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // TMA needs sm_90
+#else
+  decode::attend<Traits>(p, split, &k_map, &v_map);
 #endif
 }
 
 /// \brief Launches the decode kernel on `stream` (params.device_id current). With
 /// split.num_splits > 1 the pieces go to split's workspace, merged by the kernel with
 /// split.arrivals, else by the caller.
-template <typename Element, int kHeadDim, int kBlockM>
+template <typename Element, int kHeadDim, int kBlockM, bool kTma = false>
 Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
-  using Traits = DecodeTraits<Element, kHeadDim, kBlockM>;
+  using Traits = DecodeTraits<Element, kHeadDim, kBlockM, kTma>;
   const int64_t row_tiles = (p.seqlen_q * (p.heads / p.heads_kv) + kBlockM - 1) / kBlockM;
   const int64_t blocks = row_tiles * split.num_splits * p.batch * p.heads_kv;
   if (blocks > INT32_MAX)
     return Status::NotSupported("backend 'decode' runs up to 2147483647 blocks (query row tiles x splits x batch x "
                                 "heads_kv); got " + std::to_string(blocks));
-  const auto kernel = decode_kernel<Traits>;
-  WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  kernel<<<static_cast<unsigned>(blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, split);
-  return cuda_status(cudaGetLastError(), "decode_kernel launch");
+  if constexpr (kTma) {
+    CUtensorMap k_map{}, v_map{};
+    if (!tma::encode_rows_map(&k_map, p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
+                              p.k_head_stride, p.k_batch_stride, Traits::kBlockN) ||
+        !tma::encode_rows_map(&v_map, p.v, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
+                              p.v_head_stride, p.v_batch_stride, Traits::kBlockN))
+      return Status::NotSupported("TMA cannot describe k or v (strides must be positive multiples of 16 bytes)");
+    const auto kernel = decode_tma_kernel<Traits>;
+    WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+    kernel<<<static_cast<unsigned>(blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, split, k_map, v_map);
+    return cuda_status(cudaGetLastError(), "decode_tma_kernel launch");
+  } else {
+    const auto kernel = decode_kernel<Traits>;
+    WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+    kernel<<<static_cast<unsigned>(blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, split);
+    return cuda_status(cudaGetLastError(), "decode_kernel launch");
+  }
 }
 
 // Query rows of one block for these params: the query rows of a kv head (seqlen_q x heads /
@@ -639,6 +738,22 @@ Status launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStr
   if (block_m == 16) return launch_decode_kernel<Element, kHeadDim, 16>(p, split, stream);
   if (block_m == 32) return launch_decode_kernel<Element, kHeadDim, 32>(p, split, stream);
   return launch_decode_kernel<Element, kHeadDim, 64>(p, split, stream);
+}
+/// \brief Whether the TMA decode kernel takes p's layout: a cache with keys that is neither paged nor
+/// packed (cu_seqlens_k), key indices in int, and tiles of 16 or 32 rows (a 64-row tile with the
+/// alignment slack no longer fits two blocks per SM). Whether TMA can describe K and V is checked apart.
+inline bool decode_tma_takes(const AttentionParams& p) {
+  return !p.is_paged() && !p.is_varlen_k() && p.seqlen_k > 0 && p.seqlen_k < (int64_t{1} << 31) &&
+         decode_block_m(p) <= 32;
+}
+
+/// \brief The decode kernel with K/V tiles by TMA (sm_90); NotSupported, nothing launched, where
+/// decode_tma_takes(p) is false or TMA cannot describe K or V (the caller then runs launch_decode).
+template <typename Element, int kHeadDim>
+Status launch_decode_tma(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  if (!decode_tma_takes(p)) return Status::NotSupported("the TMA decode kernel reads dense caches in tiles of <= 32 rows");
+  if (decode_block_m(p) == 16) return launch_decode_kernel<Element, kHeadDim, 16, true>(p, split, stream);
+  return launch_decode_kernel<Element, kHeadDim, 32, true>(p, split, stream);
 }
 inline int64_t decode_block_n(int64_t head_dim) {
   return head_dim == 64 ? DecodeTraits<__half, 64, 16>::kBlockN : DecodeTraits<__half, 128, 16>::kBlockN;

@@ -1,8 +1,9 @@
 // Hopper (sm_90a) asynchronous-copy and synchronization primitives in inline PTX: transaction
 // barriers (mbarrier), the tensor memory accelerator (TMA, cp.async.bulk.tensor), named
 // barriers and register reallocation between warpgroups (setmaxnreg). The vocabulary of the
-// warp-specialized wgmma forward (flash_wgmma_ws.cuh). Include only from translation units
-// compiled for sm_90a (src/cuda/sm90/).
+// warp-specialized wgmma forward (flash_wgmma_ws.cuh) and of the decode kernel's TMA variant
+// (decode.cuh). The device functions need sm_90 (setmaxnreg sm_90a): call them only from code
+// compiled for it; the host functions exist only in builds with sm_90a objects (src/cuda/sm90/).
 //
 // A transaction barrier in shared memory counts arrivals and, separately, bytes: a phase
 // completes when the expected number of threads has arrived and every byte announced with
@@ -46,6 +47,11 @@ bool rows_map_fits(const void* base, DType dtype, int64_t head_dim, int64_t rows
 
 __device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+
+// Ends a barrier's use, so that its memory may be reused for anything else.
+__device__ __forceinline__ void barrier_inval(uint32_t bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
 // Makes barrier initializations visible to the async proxy (TMA signals them).
