@@ -10,6 +10,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py
 
+# JAX would otherwise take 75% of the GPU's memory when its GPU backend starts, starving the other
+# processes of the run (pytest-xdist workers, the tests' child processes): set before any test module
+# imports JAX, whichever files a run selects.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 # torch.compile's on-disk caches in a folder of this run's own: the machine-wide default
 # (/tmp/torchinductor_<user>) can hold graphs compiled against another build of waveboost, whose
 # custom op then had another schema, and a cache hit replays that call (seen with the op's FP8

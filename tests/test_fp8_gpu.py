@@ -12,9 +12,6 @@ which keeps fewer bits than fp32 (measured up to 2.3e-4, relative to max(1, |LSE
 from __future__ import annotations
 
 import math
-import os
-
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with the other test processes
 
 import pytest
 

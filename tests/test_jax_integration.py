@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import numpy as np
 import pytest
 
-# JAX would otherwise take 75% of GPU memory when its GPU backend starts, starving the PyTorch
-# tests that share this pytest process. Only effective before that backend starts, hence here.
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 jax = pytest.importorskip("jax", reason="waveboost.jax needs JAX")
 jnp = jax.numpy
 
