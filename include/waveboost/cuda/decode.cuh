@@ -9,9 +9,10 @@
 // their addresses from core::KVAddress (dense, packed or paged: the page of key j through the
 // block table); on sm_90, dense caches in tiles of 16 or 32 rows stream by TMA instead (kTma: one
 // thread loads each tile as 64-column boxes that complete an mbarrier per stage, and issues tile
-// i + kStages - 1 before the wait for tile i). Scores and P V run on mma.sync m16n8k16 with fp32 accumulators and the online
-// softmax in fp32, FlashAttention-2 style; with kBlockM = 16 the four warps split each key tile
-// instead of the rows (with 32, two pairs of warps do), and merge their states at the end.
+// i + kStages - 1 before the wait for tile i). Scores and P V run on mma.sync m16n8k16 with fp32
+// accumulators and the online softmax in fp32, FlashAttention-2 style; with kBlockM = 16 the four
+// warps split each key tile instead of the rows (with 32, two pairs of warps do), and merge their
+// states at the end.
 //
 // Keys are cut into num_splits pieces (flash-decoding) when batch x kv heads leaves SMs idle:
 // each piece writes O / l (fp32) and its LSE to a workspace, and the pieces are merged through
@@ -456,7 +457,8 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
         Element* v_zero = kv_smem + stage * 2 * (kBlockN * D) + kBlockN * D;
         for (int c = tid; c < (kBlockN - first_row) * Traits::kChunksPerRow; c += Traits::kThreads) {
           const int r = first_row + c / Traits::kChunksPerRow;
-          *reinterpret_cast<uint4*>(v_zero + kv_offset<Traits>(r, c % Traits::kChunksPerRow)) = make_uint4(0, 0, 0, 0);
+          Element* at = v_zero + kv_offset<Traits>(r, c % Traits::kChunksPerRow);
+          *reinterpret_cast<uint4*>(at) = make_uint4(0, 0, 0, 0);
         }
         __syncthreads();
       }
@@ -751,7 +753,8 @@ inline bool decode_tma_takes(const AttentionParams& p) {
 /// decode_tma_takes(p) is false or TMA cannot describe K or V (the caller then runs launch_decode).
 template <typename Element, int kHeadDim>
 Status launch_decode_tma(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
-  if (!decode_tma_takes(p)) return Status::NotSupported("the TMA decode kernel reads dense caches in tiles of <= 32 rows");
+  if (!decode_tma_takes(p))
+    return Status::NotSupported("the TMA decode kernel reads dense caches in tiles of <= 32 rows");
   if (decode_block_m(p) == 16) return launch_decode_kernel<Element, kHeadDim, 16, true>(p, split, stream);
   return launch_decode_kernel<Element, kHeadDim, 32, true>(p, split, stream);
 }

@@ -218,8 +218,9 @@ __device__ __forceinline__ void issue_scores(float (&s)[Traits::kScoreRegs], uin
   for (int kk = 1; kk < Traits::kDimSlices; ++kk) {
     const uint32_t in_row = (kk % Traits::kSlicesPerPanel) * 32;
     const uint32_t panel = kk / Traits::kSlicesPerPanel;
-    issue_score_slice<Element, Traits::kBlockN, true>(s, wgmma::advance(q_desc, panel * Traits::kBlockM * Traits::kRowBytes + in_row),
-                                     wgmma::advance(k_desc, panel * Traits::kBlockN * Traits::kRowBytes + in_row));
+    issue_score_slice<Element, Traits::kBlockN, true>(
+        s, wgmma::advance(q_desc, panel * Traits::kBlockM * Traits::kRowBytes + in_row),
+        wgmma::advance(k_desc, panel * Traits::kBlockN * Traits::kRowBytes + in_row));
   }
 }
 
