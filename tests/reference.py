@@ -119,6 +119,23 @@ def torch_from_jax(x):
     return torch.from_dlpack(x.block_until_ready())
 
 
+def pytest_in_child(test_file, keyword, env):
+    """Runs the tests of `test_file` selected by `keyword` again in a child process whose environment
+    adds `env` (for settings a process reads once, e.g. WAVEBOOST_WGMMA_PIPELINE), and asserts that
+    some ran and none failed."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", os.path.abspath(test_file),
+           "-k", keyword]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **env), timeout=900,
+                          cwd=os.path.dirname(os.path.abspath(test_file)))
+    tail = done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.returncode == 0, tail
+    assert " passed" in done.stdout and "failed" not in done.stdout, tail
+
+
 def attention_ref_torch(q, k, v, causal, scale, dtype=None, max_score_bytes=1 << 28):
     """softmax(scale q k^T) v in `dtype` (float64 by default) on q's device; BSHD in and out; lse (B, H, Lq).
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import waveboost
-from reference import attention_ref_torch
+from reference import attention_ref_torch, pytest_in_child
 
 torch = pytest.importorskip("torch", reason="the GPU tests drive the kernels through PyTorch")
 
@@ -351,14 +351,9 @@ def test_cp_async_pipeline_on_dense_caches():
     """On sm_90 dense caches in tiles of <= 32 rows stream by TMA; the cp.async kernel that other
     devices run on them is checked here by the dense tests again in a child process with
     WAVEBOOST_DECODE_PIPELINE=cp.async (read once per process)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, WAVEBOOST_DECODE_PIPELINE="cp.async")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", os.path.abspath(__file__),
-           "-k", "(dense_matches_reference and bf16) or split_and_unsplit or every_split_piece or unused_cache_slots"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=here)
-    tail = done.stdout[-3000:] + done.stderr[-2000:]
-    assert done.returncode == 0, tail
-    assert " passed" in done.stdout and "failed" not in done.stdout, tail
+    pytest_in_child(__file__,
+                    "(dense_matches_reference and bf16) or split_and_unsplit or every_split_piece or unused_cache_slots",
+                    {"WAVEBOOST_DECODE_PIPELINE": "cp.async"})
 
 
 @pytest.mark.parametrize("page_size", [None, 16, 256])

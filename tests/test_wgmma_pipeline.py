@@ -8,8 +8,6 @@ child process with WAVEBOOST_WGMMA_PIPELINE=cp.async; the default (TMA) runs in 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -19,13 +17,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_cp_async_pipeline_matches_reference():
-    env = dict(os.environ, WAVEBOOST_WGMMA_PIPELINE="cp.async")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-           os.path.join(HERE, "test_gpu.py"), "-k", "wgmma and matches_reference and not split"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=HERE)
-    tail = done.stdout[-3000:] + done.stderr[-2000:]
-    assert done.returncode == 0, tail
-    assert " passed" in done.stdout and "failed" not in done.stdout, tail
+    from reference import pytest_in_child
+
+    pytest_in_child(os.path.join(HERE, "test_gpu.py"), "wgmma and matches_reference and not split",
+                    {"WAVEBOOST_WGMMA_PIPELINE": "cp.async"})
 
 
 def test_tma_pipeline_on_views_of_a_bigger_buffer():

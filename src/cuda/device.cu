@@ -68,7 +68,7 @@ Status memory_bandwidth_per_sm(int device_id, int* mbps) {
     int sms = 0;
     WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device_id));
     WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device_id));
-    WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_id));
+    if (Status s = multiprocessor_count(device_id, &sms); !s.ok()) return s;
     // Two transfers per memory clock: kHz x 2 x bytes = KB/s; / 1000 = MB/s.
     const int64_t per_sm = sms > 0 ? int64_t{clock_khz} * 2 * (bus_bits / 8) / 1000 / sms : 0;
     *value = per_sm > 0 && per_sm < INT32_MAX ? static_cast<int>(per_sm) : 0;

@@ -110,13 +110,12 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
 }
 
 // Element offset of chunk `chunk` of key row `row` in a K/V tile: 64-column panels of kBlockN rows
-// of 128 B, chunks XOR-swizzled by row within a panel (the layout a TMA box of 64 columns writes
-// with the 128 B swizzle; at head dim 64 the same offsets as tile_offset).
+// in the 128 B swizzle (the layout a TMA box of 64 columns writes; at head dim 64 the same offsets
+// as tile_offset).
 template <typename Traits>
 __device__ __forceinline__ int kv_offset(int row, int chunk) {
-  constexpr int kChunksPerPanel = Traits::kPanelCols / Traits::kChunk;
-  return (chunk / kChunksPerPanel) * (Traits::kBlockN * Traits::kPanelCols) + row * Traits::kPanelCols +
-         (((chunk % kChunksPerPanel) ^ (row & 7)) * Traits::kChunk);
+  static_assert(Traits::kPanelCols * sizeof(typename Traits::Element) == 128, "128 B panel rows");
+  return static_cast<int>(mma::swizzle_128b_offset<Traits::kBlockN, sizeof(typename Traits::Element)>(row, chunk));
 }
 
 // A row's softmax state merged over the kWarpsN warps that scored its keys: m the max (log2
@@ -698,10 +697,7 @@ Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, 
                                 "heads_kv); got " + std::to_string(blocks));
   if constexpr (kTma) {
     CUtensorMap k_map{}, v_map{};
-    if (!tma::encode_rows_map(&k_map, p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
-                              p.k_head_stride, p.k_batch_stride, Traits::kBlockN) ||
-        !tma::encode_rows_map(&v_map, p.v, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
-                              p.v_head_stride, p.v_batch_stride, Traits::kBlockN))
+    if (!tma::encode_kv_maps(p, Traits::kBlockN, &k_map, &v_map))
       return Status::NotSupported("TMA cannot describe k or v (strides must be positive multiples of 16 bytes)");
     const auto kernel = decode_tma_kernel<Traits>;
     WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));

@@ -112,12 +112,11 @@ struct FlashWgmmaTraits {
 namespace flash_wgmma {
 
 // Byte offset of 16 B chunk `chunk` (0 .. kChunksPerRow - 1) of row `row` in a tile of kRows
-// rows: panel chunk / 8, then the row's 128 B, then the chunk swizzled by the row within its
-// 8-row atom. This is the layout wgmma reads through descriptor_128b (wgmma_primitives.cuh).
+// rows, in the layout wgmma reads through descriptor_128b (wgmma_primitives.cuh).
 template <typename Traits, int kRows>
 __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
-  return static_cast<uint32_t>((chunk / 8) * kRows * Traits::kRowBytes + row * Traits::kRowBytes +
-                               ((chunk % 8) ^ (row % 8)) * 16);
+  static_assert(Traits::kRowBytes == 128, "rows of one 128 B swizzle panel");
+  return mma::swizzle_128b_offset<kRows>(row, chunk);
 }
 
 // Issues cp.async for rows [0, kRows) of a tile whose rows are row_stride elements apart.

@@ -440,19 +440,6 @@ __global__ void __launch_bounds__(
                                CausalMask<kCausal>, kSequences>(p, &k_map, &v_map);
 }
 
-/// \brief The tensor maps of K and V (p.dtype), boxes of 64 columns x box_rows keys: (head_dim,
-/// seqlen_k, heads_kv, batch), or with cu_seqlens_k the packed (head_dim, total_k, heads_kv, 1);
-/// false where TMA cannot describe either.
-inline bool encode_kv_tensor_maps(const AttentionParams& p, int box_rows, CUtensorMap* k_map, CUtensorMap* v_map) {
-  const bool packed = p.is_varlen_k();
-  const int64_t rows = packed ? p.total_k : p.seqlen_k;
-  const int64_t batch = packed ? 1 : p.batch;
-  return tma::encode_rows_map(k_map, p.k, p.dtype, p.head_dim, rows, p.heads_kv, batch, p.k_row_stride,
-                              p.k_head_stride, p.k_batch_stride, box_rows) &&
-         tma::encode_rows_map(v_map, p.v, p.dtype, p.head_dim, rows, p.heads_kv, batch, p.v_row_stride,
-                              p.v_head_stride, p.v_batch_stride, box_rows);
-}
-
 /// \brief Whether the warp-specialized kernel takes a call's layout: keys, contiguous K/V (dense,
 /// varlen with its packed extent p.total_k known, seqused_k), key indices in int.
 inline bool wgmma_ws_takes(const AttentionParams& p) {
@@ -469,7 +456,7 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
   // Without keys (e4m3 only: the other dtypes run such calls on the wgmma kernel) no tile is
   // loaded and the maps are never read.
   CUtensorMap k_map{}, v_map{};
-  if (p.seqlen_k > 0 && !encode_kv_tensor_maps(p, Traits::kBlockN, &k_map, &v_map)) {
+  if (p.seqlen_k > 0 && !tma::encode_kv_maps(p, Traits::kBlockN, &k_map, &v_map)) {
     return Status::NotSupported("TMA cannot describe k or v (strides must be positive multiples of 16 bytes)");
   }
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;

@@ -38,6 +38,17 @@ __device__ __forceinline__ uint32_t shared_address(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
 
+// Offset, in units of kUnit bytes, of 16 B chunk `chunk` of row `row` in a tile of kRows rows in the
+// 128 B swizzle: panels of kRows rows of 128 B (chunk / 8 picks the panel), the chunk XOR-swizzled
+// by the row within its 8-row atom. The layout a wgmma 128 B-swizzle descriptor reads and a TMA box
+// of 128 B rows writes with the 128 B swizzle.
+template <int kRows, int kUnit = 1>
+__device__ __forceinline__ uint32_t swizzle_128b_offset(int row, int chunk) {
+  static_assert(kUnit == 1 || kUnit == 2 || kUnit == 4, "bytes or elements");
+  return static_cast<uint32_t>((chunk / 8) * kRows * (128 / kUnit) + row * (128 / kUnit) +
+                               ((chunk % 8) ^ (row & 7)) * (16 / kUnit));
+}
+
 // ----------------------------------------------------------------------------
 // Asynchronous global -> shared copies
 // ----------------------------------------------------------------------------

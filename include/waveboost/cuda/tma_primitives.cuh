@@ -43,6 +43,12 @@ bool encode_rows_map(CUtensorMap* map, const void* base, DType dtype, int64_t he
 bool rows_map_fits(const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads, int64_t batch,
                    int64_t row_stride, int64_t head_stride, int64_t batch_stride);
 
+// The rows maps of a call's K and V (p.dtype), boxes of 64 columns x box_rows keys: (head_dim,
+// seqlen_k, heads_kv, batch), or with cu_seqlens_k the packed (head_dim, total_k, heads_kv, 1);
+// false where TMA cannot describe either. kv_maps_fit: the same checks without the driver.
+bool encode_kv_maps(const AttentionParams& p, int box_rows, CUtensorMap* k_map, CUtensorMap* v_map);
+bool kv_maps_fit(const AttentionParams& p);
+
 // ---- Device ----
 
 __device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t arrivals) {

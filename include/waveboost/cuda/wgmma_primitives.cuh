@@ -104,6 +104,23 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N][M]) {
   "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
   "%62, %63}"
 
+// The four forms of a 16-bit product, fp16 or bf16 inputs (Element) with D accumulated or overwritten
+// (kAccumulate): ISSUE(TYPES, C, SCALE_D) issues one, C and SCALE_D as for the operand lists above.
+#define WAVEBOOST_WGMMA_16BIT_FORMS(ISSUE)   \
+  if constexpr (std::is_same_v<Element, __half>) { \
+    if constexpr (kAccumulate) {             \
+      ISSUE("f16.f16", "+f", 1);             \
+    } else {                                 \
+      ISSUE("f16.f16", "=f", 0);             \
+    }                                        \
+  } else {                                   \
+    if constexpr (kAccumulate) {             \
+      ISSUE("bf16.bf16", "+f", 1);           \
+    } else {                                 \
+      ISSUE("bf16.bf16", "=f", 0);           \
+    }                                        \
+  }
+
 // D (64 x 128, f32) {=, +=} A (64 x 16) B (16 x 128), A and B K-major in shared memory.
 // kAccumulate == false: D = A B (scale-d false; D's old contents are not read).
 template <typename Element, bool kAccumulate>
@@ -114,19 +131,7 @@ __device__ __forceinline__ void mma_m64n128k16_ss(float (&d)[64], uint64_t a_des
                ", %64, %65, %66, 1, 1, 0, 0;\n"                                                          \
                : WAVEBOOST_WGMMA_REGS64(C, d)                                                             \
                : "l"(a_desc), "l"(b_desc), "n"(SCALE_D))
-  if constexpr (std::is_same_v<Element, __half>) {
-    if constexpr (kAccumulate) {
-      WAVEBOOST_WGMMA_SS("f16.f16", "+f", 1);
-    } else {
-      WAVEBOOST_WGMMA_SS("f16.f16", "=f", 0);
-    }
-  } else {
-    if constexpr (kAccumulate) {
-      WAVEBOOST_WGMMA_SS("bf16.bf16", "+f", 1);
-    } else {
-      WAVEBOOST_WGMMA_SS("bf16.bf16", "=f", 0);
-    }
-  }
+  WAVEBOOST_WGMMA_16BIT_FORMS(WAVEBOOST_WGMMA_SS)
 #undef WAVEBOOST_WGMMA_SS
 }
 
@@ -141,19 +146,7 @@ __device__ __forceinline__ void mma_m64n64k16_ss_any(float (&d)[32], uint64_t a_
                ", %32, %33, %34, 1, 1, %35, %35;\n"                                                      \
                : WAVEBOOST_WGMMA_REGS32(C, d)                                                             \
                : "l"(a_desc), "l"(b_desc), "n"(SCALE_D), "n"(kTransposed ? 1 : 0))
-  if constexpr (std::is_same_v<Element, __half>) {
-    if constexpr (kAccumulate) {
-      WAVEBOOST_WGMMA_SS32("f16.f16", "+f", 1);
-    } else {
-      WAVEBOOST_WGMMA_SS32("f16.f16", "=f", 0);
-    }
-  } else {
-    if constexpr (kAccumulate) {
-      WAVEBOOST_WGMMA_SS32("bf16.bf16", "+f", 1);
-    } else {
-      WAVEBOOST_WGMMA_SS32("bf16.bf16", "=f", 0);
-    }
-  }
+  WAVEBOOST_WGMMA_16BIT_FORMS(WAVEBOOST_WGMMA_SS32)
 #undef WAVEBOOST_WGMMA_SS32
 }
 template <typename Element, bool kAccumulate>
@@ -255,5 +248,6 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
 #undef WAVEBOOST_WGMMA_REGS64
 #undef WAVEBOOST_WGMMA_D32
 #undef WAVEBOOST_WGMMA_D64
+#undef WAVEBOOST_WGMMA_16BIT_FORMS
 
 }  // namespace waveboost::cuda::wgmma

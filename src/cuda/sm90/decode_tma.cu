@@ -5,11 +5,7 @@
 namespace waveboost::cuda {
 
 bool decode_tma_applies(const AttentionParams& p) {
-  return decode_tma_takes(p) &&
-         tma::rows_map_fits(p.k, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
-                            p.k_head_stride, p.k_batch_stride) &&
-         tma::rows_map_fits(p.v, p.dtype, p.head_dim, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
-                            p.v_head_stride, p.v_batch_stride);
+  return decode_tma_takes(p) && tma::kv_maps_fit(p);
 }
 
 }  // namespace waveboost::cuda

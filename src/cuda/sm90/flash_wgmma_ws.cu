@@ -10,17 +10,9 @@ bool wgmma_tma_applies(const AttentionParams& p) {
   const int box_rows = p.head_dim == 64 ? FlashWgmmaWsDefaultTraits<__half, 64>::kBlockN
                                         : FlashWgmmaWsDefaultTraits<__half, 128>::kBlockN;
   CUtensorMap k_map, v_map;
-  return encode_kv_tensor_maps(p, box_rows, &k_map, &v_map);
+  return tma::encode_kv_maps(p, box_rows, &k_map, &v_map);
 }
 
-bool wgmma_tma_fits(const AttentionParams& p) {
-  const int64_t rows = p.is_varlen_k() ? p.total_k : p.seqlen_k;
-  const int64_t batch = p.is_varlen_k() ? 1 : p.batch;
-  return wgmma_ws_takes(p) &&
-         tma::rows_map_fits(p.k, p.dtype, p.head_dim, rows, p.heads_kv, batch, p.k_row_stride, p.k_head_stride,
-                            p.k_batch_stride) &&
-         tma::rows_map_fits(p.v, p.dtype, p.head_dim, rows, p.heads_kv, batch, p.v_row_stride, p.v_head_stride,
-                            p.v_batch_stride);
-}
+bool wgmma_tma_fits(const AttentionParams& p) { return wgmma_ws_takes(p) && tma::kv_maps_fit(p); }
 
 }  // namespace waveboost::cuda

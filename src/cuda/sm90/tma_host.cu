@@ -54,6 +54,26 @@ bool rows_map_fits(const void* base, DType dtype, int64_t head_dim, int64_t rows
                           strides);
 }
 
+namespace {
+// The extent of the key rows and of the batch of a call's K/V maps (packed with cu_seqlens_k).
+int64_t kv_rows(const AttentionParams& p) { return p.is_varlen_k() ? p.total_k : p.seqlen_k; }
+int64_t kv_batch(const AttentionParams& p) { return p.is_varlen_k() ? 1 : p.batch; }
+}  // namespace
+
+bool kv_maps_fit(const AttentionParams& p) {
+  return rows_map_fits(p.k, p.dtype, p.head_dim, kv_rows(p), p.heads_kv, kv_batch(p), p.k_row_stride,
+                       p.k_head_stride, p.k_batch_stride) &&
+         rows_map_fits(p.v, p.dtype, p.head_dim, kv_rows(p), p.heads_kv, kv_batch(p), p.v_row_stride,
+                       p.v_head_stride, p.v_batch_stride);
+}
+
+bool encode_kv_maps(const AttentionParams& p, int box_rows, CUtensorMap* k_map, CUtensorMap* v_map) {
+  return encode_rows_map(k_map, p.k, p.dtype, p.head_dim, kv_rows(p), p.heads_kv, kv_batch(p), p.k_row_stride,
+                         p.k_head_stride, p.k_batch_stride, box_rows) &&
+         encode_rows_map(v_map, p.v, p.dtype, p.head_dim, kv_rows(p), p.heads_kv, kv_batch(p), p.v_row_stride,
+                         p.v_head_stride, p.v_batch_stride, box_rows);
+}
+
 bool encode_rows_map(CUtensorMap* map, const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads,
                      int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows) {
   int64_t strides[3];
