@@ -22,21 +22,27 @@ namespace {
 // on sm_90 (228 KB per SM).
 constexpr int kDecodeBlocksPerSM = 2;
 
-// How split-KV runs, by tile (measured in benchmarks/NOTES.md, "Decode", "Decode on the H200", and
-// benchmarks/results/*-20261123/decode-fused/, *-20261127/decode-blocks-per-sm/). 16-row tiles
+// How split-KV runs, by tile (measured in benchmarks/NOTES.md, "Decode", "Decode on the H200",
+// "Decode: L2 promotion of the TMA boxes", and benchmarks/results/*-20261123/decode-fused/,
+// *-20261127/decode-blocks-per-sm/, nvidia-h200-20261127/decode-l2-promotion/). 16-row tiles
 // (seqlen_q x group <= 16) merge their pieces inside the decode kernel (one launch fewer, which
-// batch-1 steps feel); their keys are cut to fill one block per SM, which streams an H100's
-// memory best, or two where each SM must take more bytes per second than one block of three
-// stages keeps in flight (an H200: 37 GB/s per SM; 1.12-1.15x there) and every piece keeps
-// kMinTilesPerPiece key tiles (with fewer, the pipeline's start dominates). 32- and 64-row tiles
-// merge 17-64 rows per block, where the combine kernel is faster, and stream better at two blocks
-// per SM (measured on 64-row tiles; 32-row tiles follow them).
+// batch-1 steps feel); 32- and 64-row tiles merge 17-64 rows per block, where the combine kernel is
+// faster. The keys are cut so that the pieces fill one wave of blocks:
+//  - 16-row tiles: one block per SM, which streams an H100's memory best. With 16 B cp.async, two
+//    where each SM must take more bytes per second than one block of three stages keeps in flight
+//    (an H200: 37 GB/s per SM; 1.12-1.15x there) and every piece keeps kMinTilesPerPiece key tiles
+//    (with fewer, the pipeline's start dominates); with TMA (dense caches on sm_90) one there too.
+//  - 32- and 64-row tiles: two blocks per SM (measured on 64-row tiles; 32-row tiles follow them),
+//    but one for the TMA variant on such fast-memory devices (32-row tiles, MQA: 1.06x on an H200).
+// On those devices the TMA variant's K/V boxes also bring only their own 128 B rows into L2
+// (decode_l2_promotion): there the L2, not the DRAM, is the limit, and the 256 B promotion that
+// suits an H100 costs 3-6%.
 //
 // To measure these choices (read once per process): WAVEBOOST_DECODE_COMBINE=kernel or in-kernel
 // picks the merge for every tile; WAVEBOOST_DECODE_BLOCKS_PER_SM=1 or 2 the wave that the split
 // count fills; WAVEBOOST_DECODE_MAX_SPLITS=N (1..kDecodeMaxSplits) caps the pieces per (sequence,
-// kv head).
-constexpr int kTwoBlocksFromMBps = 30000;  // DRAM MB/s per SM from which 16-row tiles take two per SM
+// kv head); WAVEBOOST_DECODE_L2_PROMOTION=128 or 256 the TMA boxes' L2 promotion.
+constexpr int kFastMemoryMBps = 30000;  // DRAM MB/s per SM from which the rules above change (an H200)
 constexpr int64_t kMinTilesPerPiece = 4;
 
 int env_int(const char* name, int lo, int hi, int fallback) {
@@ -85,28 +91,29 @@ int splits_for_wave(const AttentionParams& p, int multiprocessors, int blocks_pe
   return splits > 1 ? static_cast<int>(splits) : 1;
 }
 
-// The wave the split count fills (see above), then the pieces for it.
-int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_per_sm) {
+// The wave the split count fills (see above), then the pieces for it; tma: the launch takes the
+// TMA variant (decode_variant).
+int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_per_sm, bool tma) {
   if (const int forced = forced_blocks_per_sm(); forced > 0) return splits_for_wave(p, multiprocessors, forced);
-  if (decode_block_m(p) != 16) return splits_for_wave(p, multiprocessors, kDecodeBlocksPerSM);
-  if (bandwidth_per_sm >= kTwoBlocksFromMBps) {
+  const bool fast_memory = bandwidth_per_sm >= kFastMemoryMBps;
+  if (decode_block_m(p) != 16)
+    return splits_for_wave(p, multiprocessors, tma && fast_memory ? 1 : kDecodeBlocksPerSM);
+  if (!tma && fast_memory) {
     const int two = splits_for_wave(p, multiprocessors, 2);
     if (decode_key_tiles(p) >= kMinTilesPerPiece * two) return two;
   }
   return splits_for_wave(p, multiprocessors, 1);
 }
 
-// decode_splits for p's device; a device whose bandwidth cannot be read takes one block per SM.
-Status device_splits(const AttentionParams& p, int* splits) {
-  int multiprocessors = 0;
-  if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
+// The device's DRAM bandwidth per SM in MB/s; 0 where it cannot be read (the rules then take an
+// H100's choices).
+int bandwidth_per_sm(int device_id) {
   int bandwidth = 0;
-  if (!memory_bandwidth_per_sm(p.device_id, &bandwidth).ok()) {
+  if (!memory_bandwidth_per_sm(device_id, &bandwidth).ok()) {
     bandwidth = 0;
     (void)cudaGetLastError();  // the failed query is not this call's error
   }
-  *splits = decode_splits(p, multiprocessors, bandwidth);
-  return Status::Ok();
+  return bandwidth;
 }
 
 // The kernel table's variant for p: "tma" (K/V tiles by TMA, decode_tma_applies) on a compute
@@ -124,6 +131,14 @@ const char* decode_variant(const AttentionParams& p) {
   (void)p;
 #endif
   return "";
+}
+
+// decode_splits for p's device.
+Status device_splits(const AttentionParams& p, int* splits) {
+  int multiprocessors = 0;
+  if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
+  *splits = decode_splits(p, multiprocessors, bandwidth_per_sm(p.device_id), decode_variant(p)[0] != '\0');
+  return Status::Ok();
 }
 
 Status launch(const AttentionParams& p, const DecodeSplit& split, cudaStream_t s) {
@@ -146,6 +161,12 @@ Status combine_pieces(const AttentionParams& p, const DecodeSplit& split, cudaSt
 }
 
 }  // namespace
+
+tma::L2Promotion decode_l2_promotion(int device_id) {
+  static const int forced = env_int("WAVEBOOST_DECODE_L2_PROMOTION", 128, 256, 0);
+  if (forced == 128 || forced == 256) return forced == 128 ? tma::L2Promotion::k128B : tma::L2Promotion::k256B;
+  return bandwidth_per_sm(device_id) >= kFastMemoryMBps ? tma::L2Promotion::k128B : tma::L2Promotion::k256B;
+}
 
 Status decode_can_implement(const AttentionParams& p) {
   const KernelRecord* kernel = nullptr;

@@ -684,6 +684,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #endif
 }
 
+/// \brief What a miss of the TMA variant's K/V boxes brings into L2 on device_id
+/// (src/cuda/decode_launch.cu).
+tma::L2Promotion decode_l2_promotion(int device_id);
+
 /// \brief Launches the decode kernel on `stream` (params.device_id current). With
 /// split.num_splits > 1 the pieces go to split's workspace, merged by the kernel with
 /// split.arrivals, else by the caller.
@@ -697,7 +701,7 @@ Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, 
                                 "heads_kv); got " + std::to_string(blocks));
   if constexpr (kTma) {
     CUtensorMap k_map{}, v_map{};
-    if (!tma::encode_kv_maps(p, Traits::kBlockN, &k_map, &v_map))
+    if (!tma::encode_kv_maps(p, Traits::kBlockN, &k_map, &v_map, decode_l2_promotion(p.device_id)))
       return Status::NotSupported("TMA cannot describe k or v (strides must be positive multiples of 16 bytes)");
     const auto kernel = decode_tma_kernel<Traits>;
     WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));

@@ -30,13 +30,20 @@ using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, 
 // cuTensorMapEncodeTiled through the runtime's driver entry point, or null without one.
 EncodeTiled encode_tiled();
 
+// How much a box row's miss brings into L2: its own 128 B, or the aligned 256 B around it (the
+// other half of a 128-column row, read by the next box of the same tile). 256 B unless a kernel
+// measured otherwise (decode on an H200: benchmarks/NOTES.md, "Decode: L2 promotion of the TMA
+// boxes").
+enum class L2Promotion { k128B, k256B };
+
 // The 4-D map (head_dim, rows, heads, batch) of a BSHD-strided fp16/bf16 tensor, boxes of 64
 // columns x box_rows rows in the 128 B swizzle (the layout wgmma reads through descriptor_128b).
 // The stride of an extent-1 dimension is never used: it is replaced by the span of the dimensions
 // below it. false where TMA cannot describe the tensor (strides not positive 16 B multiples, a
 // base not 16 B aligned, extents past 2^31).
 bool encode_rows_map(CUtensorMap* map, const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads,
-                     int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows);
+                     int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows,
+                     L2Promotion promotion = L2Promotion::k256B);
 
 // Whether encode_rows_map can describe such a tensor: its checks, without asking the driver (which
 // needs a current context), for can_implement.
@@ -46,7 +53,8 @@ bool rows_map_fits(const void* base, DType dtype, int64_t head_dim, int64_t rows
 // The rows maps of a call's K and V (p.dtype), boxes of 64 columns x box_rows keys: (head_dim,
 // seqlen_k, heads_kv, batch), or with cu_seqlens_k the packed (head_dim, total_k, heads_kv, 1);
 // false where TMA cannot describe either. kv_maps_fit: the same checks without the driver.
-bool encode_kv_maps(const AttentionParams& p, int box_rows, CUtensorMap* k_map, CUtensorMap* v_map);
+bool encode_kv_maps(const AttentionParams& p, int box_rows, CUtensorMap* k_map, CUtensorMap* v_map,
+                    L2Promotion promotion = L2Promotion::k256B);
 bool kv_maps_fit(const AttentionParams& p);
 
 // ---- Device ----

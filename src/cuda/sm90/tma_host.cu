@@ -67,15 +67,17 @@ bool kv_maps_fit(const AttentionParams& p) {
                        p.v_head_stride, p.v_batch_stride);
 }
 
-bool encode_kv_maps(const AttentionParams& p, int box_rows, CUtensorMap* k_map, CUtensorMap* v_map) {
+bool encode_kv_maps(const AttentionParams& p, int box_rows, CUtensorMap* k_map, CUtensorMap* v_map,
+                    L2Promotion promotion) {
   return encode_rows_map(k_map, p.k, p.dtype, p.head_dim, kv_rows(p), p.heads_kv, kv_batch(p), p.k_row_stride,
-                         p.k_head_stride, p.k_batch_stride, box_rows) &&
+                         p.k_head_stride, p.k_batch_stride, box_rows, promotion) &&
          encode_rows_map(v_map, p.v, p.dtype, p.head_dim, kv_rows(p), p.heads_kv, kv_batch(p), p.v_row_stride,
-                         p.v_head_stride, p.v_batch_stride, box_rows);
+                         p.v_head_stride, p.v_batch_stride, box_rows, promotion);
 }
 
 bool encode_rows_map(CUtensorMap* map, const void* base, DType dtype, int64_t head_dim, int64_t rows, int64_t heads,
-                     int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows) {
+                     int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows,
+                     L2Promotion promotion) {
   int64_t strides[3];
   if (!rows_map_strides(base, dtype, head_dim, {head_dim, rows, heads, batch}, {row_stride, head_stride, batch_stride},
                         strides)) {
@@ -95,7 +97,9 @@ bool encode_rows_map(CUtensorMap* map, const void* base, DType dtype, int64_t he
                                    : dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                : CU_TENSOR_MAP_DATA_TYPE_UINT8;
   return encode(map, type, 4, const_cast<void*>(base), dims, global_strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                promotion == L2Promotion::k128B ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
