@@ -322,15 +322,17 @@ def test_kvcache_matches_reference(dname, page_size, heads, heads_kv, lq, causal
     assert torch.isneginf(lse[0]).all()
 
 
+@pytest.mark.parametrize("page_size", [None, 16, 256])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("heads,heads_kv,lq", [(32, 8, 1), (32, 1, 1), (16, 2, 4)])  # 16-, 32- and 64-row tiles
-def test_unused_cache_slots_never_reach_the_output(d, heads, heads_kv, lq):
-    """A dense cache whose slots past each sequence's length hold NaN and inf (memory never written):
+def test_unused_cache_slots_never_reach_the_output(d, heads, heads_kv, lq, page_size):
+    """A cache whose slots past each sequence's length hold NaN and inf (memory never written):
     the output matches the reference over the written prefix, with no NaN, whatever the key tiles
-    past the length hold (lengths inside, at and just past a key tile's end, split or not)."""
-    g = gen(d * 100 + heads_kv * 10 + lq)
+    past the length hold (lengths inside, at and just past a key tile's end, split or not), dense
+    or paged (the pages past a sequence's length hold NaN too)."""
+    g = gen(d * 100 + heads_kv * 10 + lq + (page_size or 0))
     dtype = torch.bfloat16
-    b, max_len = 6, 1300
+    b, max_len = 6, 1300 if page_size is None else 1536
     lengths = torch.tensor([1, 63, 64, 65, 1000, 1299], dtype=torch.int32)
     k_cache, v_cache = randn(g, b, max_len, heads_kv, d, dtype=dtype), randn(g, b, max_len, heads_kv, d, dtype=dtype)
     for i, n in enumerate(lengths.tolist()):
@@ -338,13 +340,26 @@ def test_unused_cache_slots_never_reach_the_output(d, heads, heads_kv, lq):
         v_cache[i, n:] = float("nan")
         v_cache[i, n::2] = float("inf")
     q = randn(g, b, lq, heads, d, dtype=dtype)
-    out, lse = waveboost.attention_with_kvcache(q, k_cache, v_cache, lengths.cuda(), causal=True, return_lse=True,
-                                                backend="decode")
+    kc, vc, table = (k_cache, v_cache, None) if page_size is None else paged_copy(g, k_cache, v_cache, page_size)
+    out, lse = waveboost.attention_with_kvcache(q, kc, vc, lengths.cuda(), block_table=table, causal=True,
+                                                return_lse=True, backend="decode")
     scale = 1 / math.sqrt(d)
     refs, ref_lses = per_sequence_reference(q, k_cache, v_cache, [lq] * b, lengths, True, scale)
     naives, _ = per_sequence_reference(q, k_cache, v_cache, [lq] * b, lengths, True, scale, dtype=dtype)
     for i in range(b):
         check_rows(out[i], lse[i], refs[i], ref_lses[i], naives[i], "bf16")
+
+
+def test_tma_pipeline_on_paged_caches():
+    """On sm_90 paged caches stream by TMA where the memory is fast (an H200) and by cp.async
+    elsewhere; the paged tests run again in a child process with WAVEBOOST_DECODE_PIPELINE=tma, which
+    takes TMA for them on any sm_90 device."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TMA decode kernel runs on sm_90 only")
+    pytest_in_child(__file__,
+                    "kvcache_matches_reference or merge_with_mixed_cache_lengths or unused_cache_slots or "
+                    "append_then_attend or decode_step_in_a_cuda_graph",
+                    {"WAVEBOOST_DECODE_PIPELINE": "tma"})
 
 
 def test_cp_async_pipeline_on_dense_caches():

@@ -41,7 +41,8 @@ constexpr int kDecodeBlocksPerSM = 2;
 // To measure these choices (read once per process): WAVEBOOST_DECODE_COMBINE=kernel or in-kernel
 // picks the merge for every tile; WAVEBOOST_DECODE_BLOCKS_PER_SM=1 or 2 the wave that the split
 // count fills; WAVEBOOST_DECODE_MAX_SPLITS=N (1..kDecodeMaxSplits) caps the pieces per (sequence,
-// kv head); WAVEBOOST_DECODE_L2_PROMOTION=128 or 256 the TMA boxes' L2 promotion.
+// kv head); WAVEBOOST_DECODE_L2_PROMOTION=128 or 256 the TMA boxes' L2 promotion;
+// WAVEBOOST_DECODE_PIPELINE (decode_variant) the loads.
 constexpr int kFastMemoryMBps = 30000;  // DRAM MB/s per SM from which the rules above change (an H200)
 constexpr int64_t kMinTilesPerPiece = 4;
 
@@ -117,20 +118,29 @@ int bandwidth_per_sm(int device_id) {
 }
 
 // The kernel table's variant for p: "tma" (K/V tiles by TMA, decode_tma_applies) on a compute
-// capability 9.0 device of a build with sm_90a objects, unless WAVEBOOST_DECODE_PIPELINE=cp.async
-// (read once per process), else "" (16 B cp.async from every thread).
+// capability 9.0 device of a build with sm_90a objects, for dense caches, and for paged ones on
+// fast-memory devices (an H200: there paged caches by cp.async fell 8-18% behind contiguous ones by
+// TMA; on an H100 they are within 2%) in pages of at least a key tile (smaller pages cost a box per
+// page: 0.73-0.91x cp.async where one block per SM streams, benchmarks/NOTES.md, "Decode: paged
+// caches by TMA"); else "" (16 B cp.async from every thread). WAVEBOOST_DECODE_PIPELINE=cp.async
+// (read once per process) never takes TMA, =tma wherever it applies (pages from 16 keys).
 const char* decode_variant(const AttentionParams& p) {
 #ifdef WAVEBOOST_WITH_SM90A
-  static const bool tma = [] {
+  static const int pipeline = [] {  // 0: by the rule above, 1: cp.async, 2: tma
     const char* v = std::getenv("WAVEBOOST_DECODE_PIPELINE");
-    return v == nullptr || std::strcmp(v, "cp.async") != 0;
+    if (v != nullptr && std::strcmp(v, "cp.async") == 0) return 1;
+    return v != nullptr && std::strcmp(v, "tma") == 0 ? 2 : 0;
   }();
   int cc = 0;
-  if (tma && compute_capability(p.device_id, &cc).ok() && cc == 90 && decode_tma_applies(p)) return "tma";
+  if (pipeline == 1 || !compute_capability(p.device_id, &cc).ok() || cc != 90 || !decode_tma_applies(p)) return "";
+  if (p.is_paged() && pipeline == 0 &&
+      (bandwidth_per_sm(p.device_id) < kFastMemoryMBps || p.page_size < decode_block_n(p.head_dim)))
+    return "";
+  return "tma";
 #else
   (void)p;
-#endif
   return "";
+#endif
 }
 
 // decode_splits for p's device.

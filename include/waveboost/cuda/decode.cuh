@@ -378,13 +378,43 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
     if constexpr (Traits::kTma) {  // thread 0 only: rows past the cache's extent arrive as zeros
       const uint32_t bar = full_bar + 8 * stage;
       tma::arrive_expect_tx(bar, 2 * Traits::kTileBytes);
-      const int row = static_cast<int>(j0);
+      // Dense: one box of kBlockN rows per panel at (key j0, sequence b). Paged (power-of-two pages
+      // of >= 16 keys, decode_tma_takes): boxes of min(page_size, kBlockN) rows, each inside one
+      // page, at (row in the page, page id). A box wholly past key_end reads page 0 (its K rows
+      // are masked, its V rows zeroed below); a page id outside [0, num_pages) (a corrupt table,
+      // which validate=True refuses) is clamped into it.
+      // The page ids are all read before the first box goes out, so that their loads overlap.
+      constexpr int kMaxBoxes = kBlockN / 16;
+      const int box_rows = kv.table_row != nullptr && kv.page_size < kBlockN ? static_cast<int>(kv.page_size)
+                                                                              : kBlockN;
+      int rows[kMaxBoxes], outer[kMaxBoxes];
 #pragma unroll
-      for (int panel = 0; panel < Traits::kPanels; ++panel) {
-        tma::load_4d(mma::shared_address(k_tile + panel * kBlockN * Traits::kPanelCols), k_map, bar,
-                     panel * Traits::kPanelCols, row, static_cast<int>(h_kv), static_cast<int>(b));
-        tma::load_4d(mma::shared_address(v_tile + panel * kBlockN * Traits::kPanelCols), v_map, bar,
-                     panel * Traits::kPanelCols, row, static_cast<int>(h_kv), static_cast<int>(b));
+      for (int i = 0; i < kMaxBoxes; ++i) {
+        const int64_t j = j0 + int64_t{i} * box_rows;
+        rows[i] = static_cast<int>(j);
+        outer[i] = static_cast<int>(b);
+        if (kv.table_row != nullptr && i * box_rows < kBlockN) {
+          int64_t page = 0;
+          rows[i] = 0;
+          if (j < key_end) {
+            page = __ldg(kv.table_row + (j >> kv.page_shift));
+            page = page < 0 ? 0 : (page >= kv.num_pages ? kv.num_pages - 1 : page);
+            rows[i] = static_cast<int>(j & (kv.page_size - 1));
+          }
+          outer[i] = static_cast<int>(page);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kMaxBoxes; ++i) {
+        if (i * box_rows >= kBlockN) break;
+#pragma unroll
+        for (int panel = 0; panel < Traits::kPanels; ++panel) {
+          const int at = (panel * kBlockN + i * box_rows) * Traits::kPanelCols;
+          tma::load_4d(mma::shared_address(k_tile + at), k_map, bar, panel * Traits::kPanelCols, rows[i],
+                       static_cast<int>(h_kv), outer[i]);
+          tma::load_4d(mma::shared_address(v_tile + at), v_map, bar, panel * Traits::kPanelCols, rows[i],
+                       static_cast<int>(h_kv), outer[i]);
+        }
       }
       return;
     }
@@ -684,6 +714,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #endif
 }
 
+/// \brief Rows of the TMA decode kernel's K/V boxes: a key tile, or a page where pages are smaller.
+inline int decode_tma_box_rows(const AttentionParams& p, int block_n) {
+  return p.is_paged() && p.page_size < block_n ? static_cast<int>(p.page_size) : block_n;
+}
+
 /// \brief What a miss of the TMA variant's K/V boxes brings into L2 on device_id
 /// (src/cuda/decode_launch.cu).
 tma::L2Promotion decode_l2_promotion(int device_id);
@@ -701,7 +736,8 @@ Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, 
                                 "heads_kv); got " + std::to_string(blocks));
   if constexpr (kTma) {
     CUtensorMap k_map{}, v_map{};
-    if (!tma::encode_kv_maps(p, Traits::kBlockN, &k_map, &v_map, decode_l2_promotion(p.device_id)))
+    if (!tma::encode_kv_maps(p, decode_tma_box_rows(p, Traits::kBlockN), &k_map, &v_map,
+                             decode_l2_promotion(p.device_id)))
       return Status::NotSupported("TMA cannot describe k or v (strides must be positive multiples of 16 bytes)");
     const auto kernel = decode_tma_kernel<Traits>;
     WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
@@ -741,12 +777,15 @@ Status launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStr
   if (block_m == 32) return launch_decode_kernel<Element, kHeadDim, 32>(p, split, stream);
   return launch_decode_kernel<Element, kHeadDim, 64>(p, split, stream);
 }
-/// \brief Whether the TMA decode kernel takes p's layout: a cache with keys that is neither paged nor
-/// packed (cu_seqlens_k), key indices in int, and tiles of 16 or 32 rows (a 64-row tile with the
+/// \brief Whether the TMA decode kernel takes p's layout: a cache with keys, dense (not packed by
+/// cu_seqlens_k, key indices in int) or paged in power-of-two pages of at least 16 keys (a box of
+/// 16 rows keeps the 1 KB swizzle atom), and tiles of 16 or 32 rows (a 64-row tile with the
 /// alignment slack no longer fits two blocks per SM). Whether TMA can describe K and V is checked apart.
 inline bool decode_tma_takes(const AttentionParams& p) {
-  return !p.is_paged() && !p.is_varlen_k() && p.seqlen_k > 0 && p.seqlen_k < (int64_t{1} << 31) &&
-         decode_block_m(p) <= 32;
+  const bool layout = p.is_paged() ? p.page_size >= 16 && (p.page_size & (p.page_size - 1)) == 0 &&
+                                         p.num_pages < (int64_t{1} << 31)
+                                   : !p.is_varlen_k() && p.seqlen_k < (int64_t{1} << 31);
+  return layout && p.seqlen_k > 0 && decode_block_m(p) <= 32;
 }
 
 /// \brief The decode kernel with K/V tiles by TMA (sm_90); NotSupported, nothing launched, where
@@ -754,7 +793,8 @@ inline bool decode_tma_takes(const AttentionParams& p) {
 template <typename Element, int kHeadDim>
 Status launch_decode_tma(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
   if (!decode_tma_takes(p))
-    return Status::NotSupported("the TMA decode kernel reads dense caches in tiles of <= 32 rows");
+    return Status::NotSupported("the TMA decode kernel reads dense caches and caches in power-of-two pages of >= 16 "
+                                "keys, in tiles of <= 32 rows");
   if (decode_block_m(p) == 16) return launch_decode_kernel<Element, kHeadDim, 16, true>(p, split, stream);
   return launch_decode_kernel<Element, kHeadDim, 32, true>(p, split, stream);
 }

@@ -51,8 +51,9 @@ bool rows_map_fits(const void* base, DType dtype, int64_t head_dim, int64_t rows
                    int64_t row_stride, int64_t head_stride, int64_t batch_stride);
 
 // The rows maps of a call's K and V (p.dtype), boxes of 64 columns x box_rows keys: (head_dim,
-// seqlen_k, heads_kv, batch), or with cu_seqlens_k the packed (head_dim, total_k, heads_kv, 1);
-// false where TMA cannot describe either. kv_maps_fit: the same checks without the driver.
+// seqlen_k, heads_kv, batch), with cu_seqlens_k the packed (head_dim, total_k, heads_kv, 1), paged
+// (head_dim, page_size, heads_kv, num_pages); false where TMA cannot describe either.
+// kv_maps_fit: the same checks without the driver.
 bool encode_kv_maps(const AttentionParams& p, int box_rows, CUtensorMap* k_map, CUtensorMap* v_map,
                     L2Promotion promotion = L2Promotion::k256B);
 bool kv_maps_fit(const AttentionParams& p);

@@ -55,9 +55,12 @@ bool rows_map_fits(const void* base, DType dtype, int64_t head_dim, int64_t rows
 }
 
 namespace {
-// The extent of the key rows and of the batch of a call's K/V maps (packed with cu_seqlens_k).
-int64_t kv_rows(const AttentionParams& p) { return p.is_varlen_k() ? p.total_k : p.seqlen_k; }
-int64_t kv_batch(const AttentionParams& p) { return p.is_varlen_k() ? 1 : p.batch; }
+// The extent of the key rows and of the batch of a call's K/V maps: a page and the pages when
+// paged, the packed keys with cu_seqlens_k, else a sequence and the batch.
+int64_t kv_rows(const AttentionParams& p) {
+  return p.is_paged() ? p.page_size : (p.is_varlen_k() ? p.total_k : p.seqlen_k);
+}
+int64_t kv_batch(const AttentionParams& p) { return p.is_paged() ? p.num_pages : (p.is_varlen_k() ? 1 : p.batch); }
 }  // namespace
 
 bool kv_maps_fit(const AttentionParams& p) {
