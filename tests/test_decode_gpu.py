@@ -60,6 +60,17 @@ def check_rows(out_rows, lse_rows, ref, ref_lse, naive, dname):
         torch.testing.assert_close(lse_rows.double()[finite], ref_lse[finite], rtol=1e-3, atol=1e-3)
 
 
+def check_sequences(out, lse, q, k, v, lengths_q, lengths_k, causal, dname):
+    """check_rows for every sequence of a batch (lse None: the output only), against the float64
+    references of per_sequence_reference and the same-dtype naive one, scale 1 / sqrt(head_dim)."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    refs, ref_lses = per_sequence_reference(q, k, v, lengths_q, lengths_k, causal, scale)
+    naives, _ = per_sequence_reference(q, k, v, lengths_q, lengths_k, causal, scale, dtype=DTYPES[dname])
+    for i in range(len(lengths_q)):
+        check_rows(out[i], None if lse is None else lse[i], refs[i], None if lse is None else ref_lses[i],
+                   naives[i], dname)
+
+
 # ---------------------------------------------------------------------------
 # Dense calls (backend "decode" through waveboost.attention)
 # ---------------------------------------------------------------------------
@@ -147,18 +158,11 @@ def test_merge_with_mixed_cache_lengths(page_size, lq, causal):
     b = len(lengths)
     k_cache, v_cache = randn(g, b, max_len, heads_kv, d, dtype=dtype), randn(g, b, max_len, heads_kv, d, dtype=dtype)
     q = randn(g, b, lq, heads, d, dtype=dtype)
-    if page_size is None:
-        kc, vc, table = k_cache, v_cache, None
-    else:
-        kc, vc, table = paged_copy(g, k_cache, v_cache, page_size)
+    kc, vc, table = paged_copy(g, k_cache, v_cache, page_size)
     out = torch.full_like(q, float("nan"))
     _, lse = waveboost.attention_with_kvcache(q, kc, vc, lengths.cuda(), block_table=table, causal=causal, out=out,
                                               return_lse=True, backend="decode")
-    scale = 1 / math.sqrt(d)
-    refs, ref_lses = per_sequence_reference(q, k_cache, v_cache, [lq] * b, lengths, causal, scale)
-    naives, _ = per_sequence_reference(q, k_cache, v_cache, [lq] * b, lengths, causal, scale, dtype=dtype)
-    for i in range(b):
-        check_rows(out[i], lse[i], refs[i], ref_lses[i], naives[i], "fp16")
+    check_sequences(out, lse, q, k_cache, v_cache, [lq] * b, lengths, causal, "fp16")
 
 
 def _split_call(seed, heads=32, heads_kv=8):
@@ -279,7 +283,10 @@ def test_nan_propagates_and_masked_nan_does_not():
 
 def paged_copy(g, k_cache, v_cache, page_size, spare=3):
     """(k_pages, v_pages, block_table): contiguous caches (B, max_len, Hkv, D) cut into pages
-    placed in shuffled order among `spare` pages of random values."""
+    placed in shuffled order among `spare` pages of random values; page_size None: the contiguous
+    caches themselves and no table."""
+    if page_size is None:
+        return k_cache, v_cache, None
     b, max_len, hkv, d = k_cache.shape
     per_seq = max_len // page_size
     num_pages = b * per_seq + spare
@@ -306,18 +313,10 @@ def test_kvcache_matches_reference(dname, page_size, heads, heads_kv, lq, causal
     k_cache, v_cache = randn(g, b, max_len, heads_kv, d, dtype=dtype), randn(g, b, max_len, heads_kv, d, dtype=dtype)
     q = randn(g, b, lq, heads, d, dtype=dtype)
     out = torch.full_like(q, float("nan"))
-    if page_size is None:
-        kc, vc, table = k_cache, v_cache, None
-    else:
-        kc, vc, table = paged_copy(g, k_cache, v_cache, page_size)
+    kc, vc, table = paged_copy(g, k_cache, v_cache, page_size)
     _, lse = waveboost.attention_with_kvcache(q, kc, vc, lengths.cuda(), block_table=table, causal=causal, out=out,
                                               return_lse=True, backend="decode")
-    scale = 1 / math.sqrt(d)
-    lens_q = [lq] * b
-    refs, ref_lses = per_sequence_reference(q, k_cache, v_cache, lens_q, lengths, causal, scale)
-    naives, _ = per_sequence_reference(q, k_cache, v_cache, lens_q, lengths, causal, scale, dtype=dtype)
-    for i in range(b):
-        check_rows(out[i], lse[i], refs[i], ref_lses[i], naives[i], dname)
+    check_sequences(out, lse, q, k_cache, v_cache, [lq] * b, lengths, causal, dname)
     assert torch.equal(out[0], torch.zeros_like(out[0]))  # an empty cache: zeros, lse -inf
     assert torch.isneginf(lse[0]).all()
 
@@ -340,14 +339,10 @@ def test_unused_cache_slots_never_reach_the_output(d, heads, heads_kv, lq, page_
         v_cache[i, n:] = float("nan")
         v_cache[i, n::2] = float("inf")
     q = randn(g, b, lq, heads, d, dtype=dtype)
-    kc, vc, table = (k_cache, v_cache, None) if page_size is None else paged_copy(g, k_cache, v_cache, page_size)
+    kc, vc, table = paged_copy(g, k_cache, v_cache, page_size)
     out, lse = waveboost.attention_with_kvcache(q, kc, vc, lengths.cuda(), block_table=table, causal=True,
                                                 return_lse=True, backend="decode")
-    scale = 1 / math.sqrt(d)
-    refs, ref_lses = per_sequence_reference(q, k_cache, v_cache, [lq] * b, lengths, True, scale)
-    naives, _ = per_sequence_reference(q, k_cache, v_cache, [lq] * b, lengths, True, scale, dtype=dtype)
-    for i in range(b):
-        check_rows(out[i], lse[i], refs[i], ref_lses[i], naives[i], "bf16")
+    check_sequences(out, lse, q, k_cache, v_cache, [lq] * b, lengths, True, "bf16")
 
 
 def test_tma_pipeline_on_paged_caches():
@@ -380,10 +375,7 @@ def test_append_then_attend(page_size):
     lengths = torch.tensor([0, 5, 100, 509], dtype=torch.int32, device="cuda")
     k_new, v_new = randn(g, b, new, heads_kv, d, dtype=dtype), randn(g, b, new, heads_kv, d, dtype=dtype)
     q = randn(g, b, new, heads, d, dtype=dtype)
-    if page_size is None:
-        kc, vc, table = k_cache.clone(), v_cache.clone(), None
-    else:
-        kc, vc, table = paged_copy(g, k_cache, v_cache, page_size)
+    kc, vc, table = paged_copy(g, k_cache.clone(), v_cache.clone(), page_size)
     kc_before, vc_before = kc.clone(), vc.clone()
     out = waveboost.attention_with_kvcache(q, kc, vc, lengths, block_table=table, k_new=k_new, v_new=v_new,
                                            causal=True, backend="decode")
@@ -400,11 +392,7 @@ def test_append_then_attend(page_size):
                 expect_k[page, row], expect_v[page, row] = k_new[i, j], v_new[i, j]
                 k_cache[i, pos], v_cache[i, pos] = k_new[i, j], v_new[i, j]
     assert torch.equal(kc, expect_k) and torch.equal(vc, expect_v)
-    lens_k = (lengths + new).cpu()
-    refs, _ = per_sequence_reference(q, k_cache, v_cache, [new] * b, lens_k, True, 1 / math.sqrt(d))
-    naives, _ = per_sequence_reference(q, k_cache, v_cache, [new] * b, lens_k, True, 1 / math.sqrt(d), dtype=dtype)
-    for i in range(b):
-        check_rows(out[i], None, refs[i], None, naives[i], "bf16")
+    check_sequences(out, None, q, k_cache, v_cache, [new] * b, (lengths + new).cpu(), True, "bf16")
 
 
 def test_varlen_small_queries_on_decode():
