@@ -143,19 +143,18 @@ const char* decode_variant(const AttentionParams& p) {
 #endif
 }
 
-// decode_splits for p's device.
-Status device_splits(const AttentionParams& p, int* splits) {
+// decode_splits for p's device and variant (decode_variant).
+Status device_splits(const AttentionParams& p, const char* variant, int* splits) {
   int multiprocessors = 0;
   if (Status st = multiprocessor_count(p.device_id, &multiprocessors); !st.ok()) return st;
-  *splits = decode_splits(p, multiprocessors, bandwidth_per_sm(p.device_id), decode_variant(p)[0] != '\0');
+  *splits = decode_splits(p, multiprocessors, bandwidth_per_sm(p.device_id), variant[0] != '\0');
   return Status::Ok();
 }
 
-Status launch(const AttentionParams& p, const DecodeSplit& split, cudaStream_t s) {
+Status launch(const AttentionParams& p, const char* variant, const DecodeSplit& split, cudaStream_t s) {
   ForwardLaunch launch;
   launch.stream = s;
   launch.decode = &split;
-  const char* variant = decode_variant(p);
   if (variant[0] != '\0') {
     const Status tma = run_forward(Backend::kDecode, variant, p, launch);
     if (tma.code() != StatusCode::kNotSupported) return tma;  // else the driver refused the tensor maps
@@ -199,9 +198,10 @@ Status decode_can_implement(const AttentionParams& p) {
 }
 
 Status decode_plan(const AttentionParams& p, ForwardPlan* plan) {
-  if (Status st = device_splits(p, &plan->num_splits); !st.ok()) return st;
+  const char* variant = decode_variant(p);
+  if (Status st = device_splits(p, variant, &plan->num_splits); !st.ok()) return st;
   plan->merge = plan->num_splits == 1 ? "" : (merge_in_kernel(p) ? "in-kernel" : "combine-kernel");
-  return plan_kernel(Backend::kDecode, decode_variant(p), p, plan);
+  return plan_kernel(Backend::kDecode, variant, p, plan);
 }
 
 Status decode_forward(const AttentionParams& p, void* stream) {
@@ -209,8 +209,9 @@ Status decode_forward(const AttentionParams& p, void* stream) {
   if (!guard.status().ok()) return guard.status();
   const auto s = static_cast<cudaStream_t>(stream);
   DecodeSplit split;
-  if (Status st = device_splits(p, &split.num_splits); !st.ok()) return st;
-  if (split.num_splits == 1) return launch(p, split, s);
+  const char* variant = decode_variant(p);
+  if (Status st = device_splits(p, variant, &split.num_splits); !st.ok()) return st;
+  if (split.num_splits == 1) return launch(p, variant, split, s);
 
   // Pieces: O (fp32) [split][b][i][h][d] and LSE [split][b][h][i]. splits x blocks <= 2 x SMs,
   // so at most 2 x SMs x 64 rows (8.7 MB at head dim 128 on an H100), kept by the pool. Then,
@@ -233,7 +234,7 @@ Status decode_forward(const AttentionParams& p, void* stream) {
     status = cuda_status(cudaMemsetAsync(split.arrivals, 0, counters * sizeof(int), s),
                          "cudaMemsetAsync of the decode arrival counters");
   }
-  if (status.ok()) status = launch(p, split, s);
+  if (status.ok()) status = launch(p, variant, split, s);
   if (status.ok() && !in_kernel) status = combine_pieces(p, split, s);
   const Status freed = workspace.release();
   return status.ok() ? freed : status;

@@ -100,6 +100,12 @@ struct DecodeSplit {
   int* arrivals = nullptr;
 };
 
+/// \brief Rows of the TMA decode kernel's K/V boxes (its tensor maps and its loads): a key tile, or
+/// a page where pages are smaller.
+__host__ __device__ __forceinline__ int decode_tma_box_rows(bool paged, int64_t page_size, int block_n) {
+  return paged && page_size < block_n ? static_cast<int>(page_size) : block_n;
+}
+
 namespace decode {
 
 // Element offset of 16 B chunk `chunk` of row `row` in a [rows][kHeadDim] tile whose chunks are
@@ -385,8 +391,7 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
       // which validate=True refuses) is clamped into it.
       // The page ids are all read before the first box goes out, so that their loads overlap.
       constexpr int kMaxBoxes = kBlockN / 16;
-      const int box_rows = kv.table_row != nullptr && kv.page_size < kBlockN ? static_cast<int>(kv.page_size)
-                                                                              : kBlockN;
+      const int box_rows = decode_tma_box_rows(kv.table_row != nullptr, kv.page_size, kBlockN);
       int rows[kMaxBoxes], outer[kMaxBoxes];
 #pragma unroll
       for (int i = 0; i < kMaxBoxes; ++i) {
@@ -714,11 +719,6 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #endif
 }
 
-/// \brief Rows of the TMA decode kernel's K/V boxes: a key tile, or a page where pages are smaller.
-inline int decode_tma_box_rows(const AttentionParams& p, int block_n) {
-  return p.is_paged() && p.page_size < block_n ? static_cast<int>(p.page_size) : block_n;
-}
-
 /// \brief What a miss of the TMA variant's K/V boxes brings into L2 on device_id
 /// (src/cuda/decode_launch.cu).
 tma::L2Promotion decode_l2_promotion(int device_id);
@@ -736,7 +736,7 @@ Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, 
                                 "heads_kv); got " + std::to_string(blocks));
   if constexpr (kTma) {
     CUtensorMap k_map{}, v_map{};
-    if (!tma::encode_kv_maps(p, decode_tma_box_rows(p, Traits::kBlockN), &k_map, &v_map,
+    if (!tma::encode_kv_maps(p, decode_tma_box_rows(p.is_paged(), p.page_size, Traits::kBlockN), &k_map, &v_map,
                              decode_l2_promotion(p.device_id)))
       return Status::NotSupported("TMA cannot describe k or v (strides must be positive multiples of 16 bytes)");
     const auto kernel = decode_tma_kernel<Traits>;
@@ -778,13 +778,12 @@ Status launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStr
   return launch_decode_kernel<Element, kHeadDim, 64>(p, split, stream);
 }
 /// \brief Whether the TMA decode kernel takes p's layout: a cache with keys, dense (not packed by
-/// cu_seqlens_k, key indices in int) or paged in power-of-two pages of at least 16 keys (a box of
-/// 16 rows keeps the 1 KB swizzle atom), and tiles of 16 or 32 rows (a 64-row tile with the
-/// alignment slack no longer fits two blocks per SM). Whether TMA can describe K and V is checked apart.
+/// cu_seqlens_k) or paged in power-of-two pages of at least 16 keys (a box of 16 rows keeps the 1 KB
+/// swizzle atom), and tiles of 16 or 32 rows (a 64-row tile with the alignment slack no longer fits
+/// two blocks per SM). Whether TMA can describe K and V (extents under 2^31, so key rows and page ids
+/// fit the maps' int coordinates) is checked apart (tma::kv_maps_fit, tma::encode_kv_maps).
 inline bool decode_tma_takes(const AttentionParams& p) {
-  const bool layout = p.is_paged() ? p.page_size >= 16 && (p.page_size & (p.page_size - 1)) == 0 &&
-                                         p.num_pages < (int64_t{1} << 31)
-                                   : !p.is_varlen_k() && p.seqlen_k < (int64_t{1} << 31);
+  const bool layout = p.is_paged() ? p.page_size >= 16 && (p.page_size & (p.page_size - 1)) == 0 : !p.is_varlen_k();
   return layout && p.seqlen_k > 0 && decode_block_m(p) <= 32;
 }
 
