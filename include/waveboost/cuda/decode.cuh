@@ -386,10 +386,9 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
       tma::arrive_expect_tx(bar, 2 * Traits::kTileBytes);
       // Dense: one box of kBlockN rows per panel at (key j0, sequence b). Paged (power-of-two pages
       // of >= 16 keys, decode_tma_takes): boxes of min(page_size, kBlockN) rows, each inside one
-      // page, at (row in the page, page id). A box wholly past key_end reads page 0 (its K rows
-      // are masked, its V rows zeroed below); a page id outside [0, num_pages) (a corrupt table,
-      // which validate=True refuses) is clamped into it.
-      // The page ids are all read before the first box goes out, so that their loads overlap.
+      // page, at core::KVAddress::page_coordinates. A box wholly past key_end reads page 0 (its K
+      // rows are masked, its V rows zeroed below). The page ids are all read before the first box
+      // goes out, so that their loads overlap.
       constexpr int kMaxBoxes = kBlockN / 16;
       const int box_rows = decode_tma_box_rows(kv.table_row != nullptr, kv.page_size, kBlockN);
       int rows[kMaxBoxes], outer[kMaxBoxes];
@@ -402,9 +401,9 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
           int64_t page = 0;
           rows[i] = 0;
           if (j < key_end) {
-            page = __ldg(kv.table_row + (j >> kv.page_shift));
-            page = page < 0 ? 0 : (page >= kv.num_pages ? kv.num_pages - 1 : page);
-            rows[i] = static_cast<int>(j & (kv.page_size - 1));
+            const core::KVAddress::PageCoordinates at = kv.page_coordinates(j);
+            page = at.page;
+            rows[i] = at.row;
           }
           outer[i] = static_cast<int>(page);
         }

@@ -107,6 +107,18 @@ struct KVAddress {
     v_off = v_base + page * v_page_stride + row * v_row_stride;
     return page >= 0 && page < num_pages;
   }
+
+  // Paged, power-of-two pages (page_shift >= 0): key j as (page id, row in its page), the
+  // coordinates of a tensor map over the pages (decode's TMA loads). A page id outside
+  // [0, num_pages) (a corrupt table) is clamped into it: a real page is read, never past the pool.
+  struct PageCoordinates {
+    int64_t page;
+    int row;
+  };
+  __device__ __forceinline__ PageCoordinates page_coordinates(int64_t j) const {
+    const int64_t page = __ldg(table_row + (j >> page_shift));
+    return {page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page), static_cast<int>(j & (page_size - 1))};
+  }
 };
 
 }  // namespace waveboost::cuda::core
