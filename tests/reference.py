@@ -110,13 +110,18 @@ def attention_ref_ieee(q, k, v, causal=False, softmax_scale=None):
 
 
 def torch_from_jax(x):
-    """A torch view of a JAX array's values, the array waited for first: in the whole suite under xdist,
-    torch.from_dlpack of a JAX array just computed gave torch stale memory in some runs (a wrong
-    reference where waveboost had read the right values; benchmarks/NOTES.md, "Decode on the H200",
-    last bullet)."""
+    """A torch copy of a JAX array's values. The array is waited for before torch reads it, and torch's
+    copy is waited for before the DLPack view is released: once released, JAX may give the memory to its
+    next array while torch's stream (which JAX does not know) has yet to read it. Either gap gave a wrong
+    reference in the whole suite under xdist, where waveboost had read the right values
+    (benchmarks/NOTES.md, "FP8 tests: the reference's hand-over from JAX")."""
     import torch
 
-    return torch.from_dlpack(x.block_until_ready())
+    view = torch.from_dlpack(x.block_until_ready())
+    copy = view.clone()
+    if copy.is_cuda:
+        torch.cuda.current_stream(copy.device).synchronize()
+    return copy
 
 
 def pytest_in_child(test_file, keyword, env):
