@@ -31,9 +31,13 @@ constexpr int kDecodeBlocksPerSM = 2;
 //  - 16-row tiles: one block per SM, which streams an H100's memory best. With 16 B cp.async, two
 //    where each SM must take more bytes per second than one block of three stages keeps in flight
 //    (an H200: 37 GB/s per SM; 1.12-1.15x there) and every piece keeps kMinTilesPerPiece key tiles
-//    (with fewer, the pipeline's start dominates); with TMA (dense caches on sm_90) one there too.
+//    (with fewer, the pipeline's start dominates); with TMA boxes of whole key tiles (dense caches,
+//    pages of at least a tile) one there too. TMA boxes of smaller pages (a box per page) follow
+//    cp.async: one loading thread per block issues them, and two blocks per SM issue twice as many
+//    (H200, pages of 16: 1.50x over one block per SM at batch 16 x 8k, 1.12x at batch 1 x 32k).
 //  - 32- and 64-row tiles: two blocks per SM (measured on 64-row tiles; 32-row tiles follow them),
-//    but one for the TMA variant on such fast-memory devices (32-row tiles, MQA: 1.06x on an H200).
+//    but one for the TMA variant of whole-tile boxes on such fast-memory devices (32-row tiles, MQA:
+//    1.06x on an H200).
 // On those devices the TMA variant's K/V boxes also bring only their own 128 B rows into L2
 // (decode_l2_promotion): there the L2, not the DRAM, is the limit, and the 256 B promotion that
 // suits an H100 costs 3-6%.
@@ -97,9 +101,11 @@ int splits_for_wave(const AttentionParams& p, int multiprocessors, int blocks_pe
 int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_per_sm, bool tma) {
   if (const int forced = forced_blocks_per_sm(); forced > 0) return splits_for_wave(p, multiprocessors, forced);
   const bool fast_memory = bandwidth_per_sm >= kFastMemoryMBps;
+  const int block_n = static_cast<int>(decode_block_n(p.head_dim));
+  const bool tile_boxes = tma && decode_tma_box_rows(p.is_paged(), p.page_size, block_n) == block_n;
   if (decode_block_m(p) != 16)
-    return splits_for_wave(p, multiprocessors, tma && fast_memory ? 1 : kDecodeBlocksPerSM);
-  if (!tma && fast_memory) {
+    return splits_for_wave(p, multiprocessors, tile_boxes && fast_memory ? 1 : kDecodeBlocksPerSM);
+  if (!tile_boxes && fast_memory) {
     const int two = splits_for_wave(p, multiprocessors, 2);
     if (decode_key_tiles(p) >= kMinTilesPerPiece * two) return two;
   }
@@ -120,10 +126,11 @@ int bandwidth_per_sm(int device_id) {
 // The kernel table's variant for p: "tma" (K/V tiles by TMA, decode_tma_applies) on a compute
 // capability 9.0 device of a build with sm_90a objects, for dense caches, and for paged ones on
 // fast-memory devices (an H200: there paged caches by cp.async fell 8-18% behind contiguous ones by
-// TMA; on an H100 they are within 2%) in pages of at least a key tile (smaller pages cost a box per
-// page: 0.73-0.91x cp.async where one block per SM streams, benchmarks/NOTES.md, "Decode: paged
-// caches by TMA"); else "" (16 B cp.async from every thread). WAVEBOOST_DECODE_PIPELINE=cp.async
-// (read once per process) never takes TMA, =tma wherever it applies (pages from 16 keys).
+// TMA; on an H100 they are within 2%): pages of at least a key tile at the contiguous cache's speed,
+// pages of 16 at 0.99-1.14x cp.async with the split rule above (benchmarks/NOTES.md, "Decode: paged
+// caches by TMA", "Decode: small pages by TMA, two blocks per SM"); else "" (16 B cp.async from
+// every thread). WAVEBOOST_DECODE_PIPELINE=cp.async (read once per process) never takes TMA, =tma
+// wherever it applies (on an H100 too).
 const char* decode_variant(const AttentionParams& p) {
 #ifdef WAVEBOOST_WITH_SM90A
   static const int pipeline = [] {  // 0: by the rule above, 1: cp.async, 2: tma
@@ -133,9 +140,7 @@ const char* decode_variant(const AttentionParams& p) {
   }();
   int cc = 0;
   if (pipeline == 1 || !compute_capability(p.device_id, &cc).ok() || cc != 90 || !decode_tma_applies(p)) return "";
-  if (p.is_paged() && pipeline == 0 &&
-      (bandwidth_per_sm(p.device_id) < kFastMemoryMBps || p.page_size < decode_block_n(p.head_dim)))
-    return "";
+  if (p.is_paged() && pipeline == 0 && bandwidth_per_sm(p.device_id) < kFastMemoryMBps) return "";
   return "tma";
 #else
   (void)p;
