@@ -313,18 +313,31 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   const uint32_t kv_pad = Traits::kTma ? (1024 - (mma::shared_address(smem_raw) + Traits::kQBytes) % 1024) % 1024 : 0;
   Element* kv_smem = reinterpret_cast<Element*>(smem_raw + Traits::kQBytes + kv_pad);
   const uint32_t full_bar = mma::shared_address(smem_raw) + Traits::kQBytes + kv_pad + Traits::kKVBytes;  // TMA
+  const int tid = threadIdx.x;
+  if constexpr (Traits::kTma) {
+    // First, so that the tensor maps' fetch overlaps the sequence's lengths and Q: the first box waits
+    // for its map (a batch-1 step spent ~0.8 us there when the prefetch came just before the boxes).
+    if (tid == 0) {
+      tma::prefetch_map(k_map);
+      tma::prefetch_map(v_map);
+      for (int s = 0; s < Traits::kStages; ++s) tma::barrier_init(full_bar + 8 * s, 1);
+      tma::fence_barrier_init();
+    }
+  }
 
   // Block -> (row tile, split, sequence and kv head), row tiles fastest so that the blocks
-  // reading the same keys run together.
-  const int64_t group = p.heads / p.heads_kv;
-  const int64_t row_tiles = (p.seqlen_q * group + kBlockM - 1) / kBlockM;
-  int64_t index = blockIdx.x;
+  // reading the same keys run together. In 32 bits (the grid, < 2^31 blocks, bounds every factor):
+  // the load of the sequence's lengths waits on this arithmetic.
+  const int heads_kv = static_cast<int>(p.heads_kv);
+  const int64_t group = static_cast<int>(p.heads) / heads_kv;
+  const int row_tiles = static_cast<int>((p.seqlen_q * group + kBlockM - 1) / kBlockM);
+  int index = static_cast<int>(blockIdx.x);
   const int64_t row_tile = index % row_tiles;
   index /= row_tiles;
-  const int split_index = static_cast<int>(index % split.num_splits);
+  const int split_index = index % split.num_splits;
   index /= split.num_splits;
-  const int64_t b = index / p.heads_kv;
-  const int64_t h_kv = index % p.heads_kv;
+  const int64_t b = index / heads_kv;
+  const int64_t h_kv = index % heads_kv;
   const bool causal = p.is_causal;
 
   const core::SequenceInfo seq = core::SequenceInfo::of(p, b);
@@ -349,7 +362,6 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   // Keys from which some row of the block needs a mask (the first row sees the fewest).
   const int64_t mask_from = seq.keys_visible(row0 / group, causal);
 
-  const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int warp_m = warp % Traits::kWarpsM;
@@ -439,10 +451,6 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
 
   if constexpr (Traits::kTma) {
     if (tid == 0) {
-      for (int s = 0; s < Traits::kStages; ++s) tma::barrier_init(full_bar + 8 * s, 1);
-      tma::fence_barrier_init();
-      tma::prefetch_map(k_map);
-      tma::prefetch_map(v_map);
       for (int s = 0; s < Traits::kStages - 1 && s < n_tiles; ++s) load_tile(tile_begin + s, s);
     }
     mma::wait_copies<0>();  // Q
