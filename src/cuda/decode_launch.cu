@@ -127,7 +127,7 @@ int bandwidth_per_sm(int device_id) {
 // capability 9.0 device of a build with sm_90a objects, for dense caches, and for paged ones on
 // fast-memory devices (an H200: there paged caches by cp.async fell 8-18% behind contiguous ones by
 // TMA; on an H100 they are within 2%): pages of at least a key tile at the contiguous cache's speed,
-// pages of 16 at 0.99-1.14x cp.async with the split rule above (benchmarks/NOTES.md, "Decode: paged
+// pages of 16 at 1.01-1.15x cp.async with the split rule above (benchmarks/NOTES.md, "Decode: paged
 // caches by TMA", "Decode: small pages by TMA, two blocks per SM"); else "" (16 B cp.async from
 // every thread). WAVEBOOST_DECODE_PIPELINE=cp.async (read once per process) never takes TMA, =tma
 // wherever it applies (on an H100 too).
