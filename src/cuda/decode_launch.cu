@@ -1,8 +1,8 @@
 // Backend "decode": can_implement, the number of split-KV pieces, the workspace, and the
 // launch of the decode kernel (include/waveboost/cuda/decode.cuh) through the kernel registry;
 // the kernel merges the split pieces of 16-row tiles itself, those of 32- and 64-row tiles go to the
-// combine of include/waveboost/cuda/core/combine.cuh. On sm_90, dense caches stream by TMA
-// (decode_variant).
+// combine of include/waveboost/cuda/core/combine.cuh. On sm_90, dense caches stream by TMA, and
+// paged ones too on fast-memory devices (decode_variant).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>

@@ -7,8 +7,8 @@
 // per query head. (More rows than kBlockM take further row tiles, each reading the keys again.)
 // K/V tiles of kBlockN keys stream through kStages shared-memory stages with 16 B cp.async,
 // their addresses from core::KVAddress (dense, packed or paged: the page of key j through the
-// block table); on sm_90, dense caches in tiles of 16 or 32 rows stream by TMA instead (kTma: one
-// thread loads each tile as 64-column boxes that complete an mbarrier per stage, and issues tile
+// block table); on sm_90, dense and paged caches in tiles of 16 or 32 rows stream by TMA instead
+// (kTma, decode_tma_takes: one thread loads each tile as 64-column boxes that complete an mbarrier per stage, and issues tile
 // i + kStages - 1 before the wait for tile i). Scores and P V run on mma.sync m16n8k16 with fp32
 // accumulators and the online softmax in fp32, FlashAttention-2 style; with kBlockM = 16 the four
 // warps split each key tile instead of the rows (with 32, two pairs of warps do), and merge their
@@ -43,7 +43,7 @@ constexpr int kDecodeMaxSplits = 128;
 ///                   warps of 16 rows, each pair splitting the keys) or 64 (each warp owns 16
 ///                   rows, as FlashAttention-2).
 /// \tparam kTma_    K/V tiles by TMA (one thread, boxes of 64 columns, an mbarrier per stage; sm_90,
-///                   dense caches) instead of 16 B cp.async from every thread.
+///                   dense and paged caches) instead of 16 B cp.async from every thread.
 template <typename Element_, int kHeadDim_, int kBlockM_, bool kTma_ = false>
 struct DecodeTraits {
   using Element = Element_;
@@ -714,7 +714,7 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const __grid_c
 #endif
 }
 
-/// \brief The decode kernel with K/V tiles by TMA (Traits::kTma; sm_90, dense caches).
+/// \brief The decode kernel with K/V tiles by TMA (Traits::kTma; sm_90, decode_tma_takes).
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads)
     decode_tma_kernel(const __grid_constant__ AttentionParams p, const DecodeSplit split,
