@@ -81,9 +81,6 @@ struct DecodeTraits {
   static_assert(kChunksPerRow >= 8 && kRowsPerCopyPass % 8 == 0, "swizzle period");
   static_assert(kBlockN % kRowsPerCopyPass == 0 && kBlockM % kRowsPerCopyPass == 0, "whole copy passes");
   static_assert(kEpilogueBytes <= kKVBytes, "the epilogue reuses the K/V stages");
-  // The in-kernel merge: a weight per (piece, row) and an LSE per row, over all of shared memory.
-  static constexpr int kMergeBytes = (kDecodeMaxSplits + 1) * kBlockM * 4;
-  static_assert(kMergeBytes <= kSmemBytes, "the merge reuses the whole of shared memory");
 };
 
 /// \brief Split-KV pieces of the decode kernel: with num_splits > 1, piece s of each block's keys
@@ -151,152 +148,129 @@ __device__ __forceinline__ void copy_row_chunk(uint32_t smem_addr, const void* g
                : "memory");
 }
 
-// The in-kernel merge, O part: out = sum_s w[s][r] O_s for the live rows of the tile, four
-// columns (an "item") per thread. The loads of kItems items x kChunk pieces are issued before any
-// is used, so a thread pays one L2 round trip per kItems x kChunk pieces: measured on an H100, a
-// merge that waited on one round trip per 8 pieces and item cost 5-14 us of a decode step.
+// The in-kernel merge of one row tile's pieces by the block that finished last, as core::combine
+// computes it: per row, with piece LSEs l_s and L = log sum_s exp(l_s), out = sum_s exp(l_s - L) O_s
+// and lse = L; a piece with l_s = -inf does not count (its O may be anything, NaN included), a row
+// whose pieces are all -inf is zeros with LSE -inf, and a NaN LSE makes the row NaN. Each thread
+// takes kItems items (a live row, four columns) and walks the pieces kChunk at a time, the chunk's
+// LSEs and O quads loaded together, folding them into a running maximum, sum and accumulator: one
+// L2 round trip per chunk, where the LSEs first and then the O quads took two and a block barrier
+// between them (benchmarks/NOTES.md, "Decode: where a batch-1 step's time goes"). The pieces were
+// just written, so they are read from L2 (ld.cg: never a line this SM's L1 may hold from an earlier
+// kernel).
 template <typename Traits, int kItems, int kChunk>
-__device__ __forceinline__ void merge_columns(const AttentionParams& p, const DecodeSplit& split,
-                                              const core::SequenceInfo& seq, int64_t b, int64_t h_kv, int64_t row0,
-                                              int pieces, int live_rows, const float* weight, const float* row_lse) {
+__device__ __forceinline__ void merge_items(const AttentionParams& p, const DecodeSplit& split,
+                                            const core::SequenceInfo& seq, int64_t b, int64_t h_kv, int64_t row0,
+                                            int pieces, int live_rows) {
   using Element = typename Traits::Element;
   constexpr int D = Traits::kHeadDim;
-  constexpr int kQuads = D / 4;
+  constexpr int kQuads = D / 4;  // items per row: 32 or 16, so a row's items fill a warp or a half
+  static_assert(kChunk <= 16 && kQuads >= 16, "a chunk's LSEs come from one load per lane of a 16-lane group");
   const int64_t group = p.heads / p.heads_kv;
-  const int64_t piece_stride = p.batch * p.seqlen_q * p.heads * D;
+  const int64_t piece_stride = p.batch * p.seqlen_q * p.heads * D;  // o_accum [s][b][i][h][d]
+  const int64_t lse_piece_stride = p.batch * p.heads * p.seqlen_q;  // lse_accum [s][b][h][i]
   const int items = live_rows * kQuads;
-  for (int base = threadIdx.x; base < items; base += kItems * Traits::kThreads) {
-    float4 acc[kItems];
+  const int lane16 = threadIdx.x % 16;
+  // Every thread walks the same passes (the shuffles below take whole warps); items past the
+  // live rows load nothing and write nothing.
+  for (int base = threadIdx.x - threadIdx.x % 32; base < items; base += kItems * Traits::kThreads) {
     const float* part[kItems];
+    const float* part_lse[kItems];
+    bool live[kItems], nan[kItems];
+    float4 acc[kItems];
+    float run_max[kItems], run_sum[kItems];
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      const int item = base + j * Traits::kThreads;
-      const int r = (item < items ? item : 0) / kQuads;
-      const int64_t row = row0 + r;
-      part[j] = split.o_accum + ((b * p.seqlen_q + row / group) * p.heads + h_kv * group + row % group) * D +
-                (item % kQuads) * 4;
+      const int item = base + threadIdx.x % 32 + j * Traits::kThreads;
+      live[j] = item < items;
+      const int64_t row = row0 + (live[j] ? item : 0) / kQuads;
+      const int64_t i = row / group, h = h_kv * group + row % group;
+      part[j] = split.o_accum + ((b * p.seqlen_q + i) * p.heads + h) * D + (item % kQuads) * 4;
+      part_lse[j] = split.lse_accum + (b * p.heads + h) * p.seqlen_q + i;
       acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      run_max[j] = -INFINITY;
+      run_sum[j] = 0.f;
+      nan[j] = false;
     }
     for (int s0 = 0; s0 < pieces; s0 += kChunk) {
-      float w[kItems][kChunk];
+      // Lane u of each 16-lane group loads its row's LSE of piece s0 + u, and every thread its
+      // quads of the chunk's pieces, all before any is used.
+      float mine[kItems];
       float4 o[kItems][kChunk];
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {
-        const int item = base + j * Traits::kThreads;
+        const bool in = live[j] && lane16 < kChunk && s0 + lane16 < pieces;
+        mine[j] = in ? __ldcg(part_lse[j] + (s0 + lane16) * lse_piece_stride) : -INFINITY;
 #pragma unroll
         for (int u = 0; u < kChunk; ++u) {
-          // A piece of weight 0 (no key seen, or negligible) is not read: its O may be NaN.
-          w[j][u] = item < items && s0 + u < pieces ? weight[(s0 + u) * Traits::kBlockM + item / kQuads] : 0.f;
-          o[j][u] = w[j][u] != 0.f ? __ldcg(reinterpret_cast<const float4*>(part[j] + (s0 + u) * piece_stride))
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+          o[j][u] = live[j] && s0 + u < pieces
+                        ? __ldcg(reinterpret_cast<const float4*>(part[j] + (s0 + u) * piece_stride))
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
         }
       }
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {
+        float l[kChunk];
+        float chunk_max = -INFINITY;
 #pragma unroll
         for (int u = 0; u < kChunk; ++u) {
-          acc[j].x += w[j][u] * o[j][u].x;
-          acc[j].y += w[j][u] * o[j][u].y;
-          acc[j].z += w[j][u] * o[j][u].z;
-          acc[j].w += w[j][u] * o[j][u].w;
+          l[u] = __shfl_sync(0xffffffffu, mine[j], u, 16);
+          nan[j] |= isnan(l[u]);
+          chunk_max = fmaxf(chunk_max, l[u]);  // fmaxf passes over NaN
         }
+        const float new_max = fmaxf(run_max[j], chunk_max);
+        if (new_max == -INFINITY) continue;  // no piece with keys yet
+        const float rescale = expf(run_max[j] - new_max);  // 0 from -inf: acc and sum are 0 then
+        acc[j].x *= rescale;
+        acc[j].y *= rescale;
+        acc[j].z *= rescale;
+        acc[j].w *= rescale;
+        run_sum[j] *= rescale;
+#pragma unroll
+        for (int u = 0; u < kChunk; ++u) {
+          // -inf (no key seen) and NaN LSEs weigh 0, and their O is never multiplied in.
+          const float w = l[u] > -INFINITY ? expf(l[u] - new_max) : 0.f;
+          run_sum[j] += w;
+          acc[j].x += w != 0.f ? w * o[j][u].x : 0.f;
+          acc[j].y += w != 0.f ? w * o[j][u].y : 0.f;
+          acc[j].z += w != 0.f ? w * o[j][u].z : 0.f;
+          acc[j].w += w != 0.f ? w * o[j][u].w : 0.f;
+        }
+        run_max[j] = new_max;
       }
     }
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      const int item = base + j * Traits::kThreads;
-      if (item >= items) continue;
-      const int r = item / kQuads;
-      const int64_t row = row0 + r;
-      if (isnan(row_lse[r])) acc[j] = make_float4(NAN, NAN, NAN, NAN);
+      if (!live[j]) continue;
+      const int item = base + threadIdx.x % 32 + j * Traits::kThreads;
+      const int64_t row = row0 + item / kQuads;
+      const bool empty = run_max[j] == -INFINITY;
+      const float inv = nan[j] || empty ? 0.f : 1.f / run_sum[j];
+      float4 out = make_float4(acc[j].x * inv, acc[j].y * inv, acc[j].z * inv, acc[j].w * inv);
+      if (nan[j]) out = make_float4(NAN, NAN, NAN, NAN);
       Element* dst = static_cast<Element*>(p.out) + seq.o_offset(p, b, row / group, h_kv * group + row % group) +
                      (item % kQuads) * 4;
       *reinterpret_cast<uint2*>(dst) =
-          make_uint2(pack_pair<Element>(acc[j].x, acc[j].y), pack_pair<Element>(acc[j].z, acc[j].w));
+          make_uint2(pack_pair<Element>(out.x, out.y), pack_pair<Element>(out.z, out.w));
+      if (p.lse != nullptr && item % kQuads == 0)
+        p.lse[seq.lse_offset(p, b, row / group, h_kv * group + row % group)] =
+            nan[j] ? NAN : (empty ? -INFINITY : run_max[j] + logf(run_sum[j]));
     }
   }
 }
 
-// The merge of one row tile's pieces by the block that finished last, as core::combine does it:
-// per row, with piece LSEs l_s and L = log sum_s exp(l_s), out = sum_s exp(l_s - L) O_s and lse = L;
-// a piece with l_s = -inf is not read, a row whose pieces are all -inf is zeros with LSE -inf, and
-// a NaN LSE makes the row NaN. The pieces were just written, so they are read from L2 (ld.cg:
-// never a line this SM's L1 may hold from an earlier kernel).
 template <typename Traits>
 __device__ __forceinline__ void merge_pieces(const AttentionParams& p, const DecodeSplit& split,
                                              const core::SequenceInfo& seq, int64_t b, int64_t h_kv, int64_t row0,
-                                             int64_t rows, int pieces, unsigned char* smem_raw) {
-  constexpr int kBlockM = Traits::kBlockM;
-  float* weight = reinterpret_cast<float*>(smem_raw);     // [piece][kBlockM]: the LSE, then exp(l_s - L)
-  float* row_lse = weight + kDecodeMaxSplits * kBlockM;  // [kBlockM]
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int64_t group = p.heads / p.heads_kv;
-  const int live_rows = static_cast<int>(rows - row0 < kBlockM ? rows - row0 : kBlockM);
-
-  // The pieces' LSEs of the live rows, four loads per thread in flight.
-  constexpr int kLseLoads = 4;
-  const int entries = pieces * live_rows;
-  for (int base = tid; base < entries; base += kLseLoads * Traits::kThreads) {
-    float l[kLseLoads];
-#pragma unroll
-    for (int u = 0; u < kLseLoads; ++u) {
-      const int e = base + u * Traits::kThreads;
-      const int s = e / live_rows;
-      const int64_t row = row0 + e % live_rows;
-      l[u] = e < entries ? __ldcg(split.lse_accum + ((s * p.batch + b) * p.heads + h_kv * group + row % group) *
-                                                        p.seqlen_q + row / group)
-                         : 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < kLseLoads; ++u) {
-      const int e = base + u * Traits::kThreads;
-      if (e < entries) weight[(e / live_rows) * kBlockM + e % live_rows] = l[u];
-    }
-  }
-  __syncthreads();
-
-  // A warp per row: L over the pieces (spread over the lanes), then each piece's weight.
-  for (int r = warp; r < live_rows; r += Traits::kWarps) {
-    float max_lse = -INFINITY;
-    bool nan = false;
-    for (int s = lane; s < pieces; s += 32) {
-      const float l = weight[s * kBlockM + r];
-      nan |= isnan(l);
-      max_lse = fmaxf(max_lse, l);
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2)
-      max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
-    nan = __any_sync(0xffffffffu, nan);
-    const bool empty = nan || max_lse == -INFINITY;
-    float total = 0.f;
-    if (!empty) {
-      for (int s = lane; s < pieces; s += 32) total += expf(weight[s * kBlockM + r] - max_lse);
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
-    const float inv_total = empty ? 0.f : 1.f / total;
-    for (int s = lane; s < pieces; s += 32) {
-      float& w = weight[s * kBlockM + r];
-      w = empty ? 0.f : expf(w - max_lse) * inv_total;
-    }
-    if (lane == 0) row_lse[r] = nan ? NAN : (max_lse == -INFINITY ? -INFINITY : max_lse + logf(total));
-  }
-  __syncthreads();
-
-  // 16 loads in flight per thread: 2 items x 8 pieces or 1 x 16 (32 made ptxas spill at head dim 64).
-  if (pieces <= 8) {
-    merge_columns<Traits, 2, 8>(p, split, seq, b, h_kv, row0, pieces, live_rows, weight, row_lse);
+                                             int64_t rows, int pieces) {
+  const int live_rows = static_cast<int>(rows - row0 < Traits::kBlockM ? rows - row0 : Traits::kBlockM);
+  // 16 O quads in flight per thread (2 items x 8 pieces or 1 x 16); 4 at head dim 64, where ptxas
+  // spilled the 32-row tiles' TMA kernel with 8.
+  constexpr int kInFlight = Traits::kHeadDim == 128 ? 16 : 4;
+  if (pieces <= kInFlight / 2) {
+    merge_items<Traits, 2, kInFlight / 2>(p, split, seq, b, h_kv, row0, pieces, live_rows);
   } else {
-    merge_columns<Traits, 1, 16>(p, split, seq, b, h_kv, row0, pieces, live_rows, weight, row_lse);
-  }
-  if (p.lse != nullptr) {
-    for (int r = tid; r < live_rows; r += Traits::kThreads) {
-      const int64_t row = row0 + r;
-      p.lse[seq.lse_offset(p, b, row / group, h_kv * group + row % group)] = row_lse[r];
-    }
+    merge_items<Traits, 1, kInFlight>(p, split, seq, b, h_kv, row0, pieces, live_rows);
   }
 }
 
@@ -606,7 +580,7 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   mma::wait_copies<0>();
   __syncthreads();  // every warp is done with the stages: the epilogue reuses them
   if constexpr (Traits::kTma) {
-    // The barriers' memory may be reused by the merge below (after further block barriers).
+    // Done with the barriers (invalidated before their memory could serve anything else).
     if (tid == 0) {
       for (int s = 0; s < Traits::kStages; ++s) tma::barrier_inval(full_bar + 8 * s);
     }
@@ -698,7 +672,7 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
     if (last) __threadfence();
   }
   if (!__syncthreads_or(last)) return;
-  merge_pieces<Traits>(p, split, seq, b, h_kv, row0, rows, pieces, smem_raw);
+  merge_pieces<Traits>(p, split, seq, b, h_kv, row0, rows, pieces);
 }
 
 }  // namespace decode
