@@ -166,7 +166,7 @@ __device__ __forceinline__ void merge_items(const AttentionParams& p, const Deco
   constexpr int D = Traits::kHeadDim;
   constexpr int kQuads = D / 4;  // items per row: 32 or 16, so a row's items fill a warp or a half
   static_assert(kChunk <= 16 && kQuads >= 16, "a chunk's LSEs come from one load per lane of a 16-lane group");
-  const int64_t group = p.heads / p.heads_kv;
+  const int group = static_cast<int>(p.heads / p.heads_kv);
   const int64_t piece_stride = p.batch * p.seqlen_q * p.heads * D;  // o_accum [s][b][i][h][d]
   const int64_t lse_piece_stride = p.batch * p.heads * p.seqlen_q;  // lse_accum [s][b][h][i]
   const int items = live_rows * kQuads;
@@ -183,8 +183,8 @@ __device__ __forceinline__ void merge_items(const AttentionParams& p, const Deco
     for (int j = 0; j < kItems; ++j) {
       const int item = base + threadIdx.x % 32 + j * Traits::kThreads;
       live[j] = item < items;
-      const int64_t row = row0 + (live[j] ? item : 0) / kQuads;
-      const int64_t i = row / group, h = h_kv * group + row % group;
+      const int row = static_cast<int>(row0) + (live[j] ? item : 0) / kQuads;  // rows < 2^31 (launch)
+      const int i = row / group, h = static_cast<int>(h_kv) * group + row % group;
       part[j] = split.o_accum + ((b * p.seqlen_q + i) * p.heads + h) * D + (item % kQuads) * 4;
       part_lse[j] = split.lse_accum + (b * p.heads + h) * p.seqlen_q + i;
       acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -243,17 +243,17 @@ __device__ __forceinline__ void merge_items(const AttentionParams& p, const Deco
     for (int j = 0; j < kItems; ++j) {
       if (!live[j]) continue;
       const int item = base + threadIdx.x % 32 + j * Traits::kThreads;
-      const int64_t row = row0 + item / kQuads;
+      const int row = static_cast<int>(row0) + item / kQuads;
+      const int i = row / group, h = static_cast<int>(h_kv) * group + row % group;
       const bool empty = run_max[j] == -INFINITY;
       const float inv = nan[j] || empty ? 0.f : 1.f / run_sum[j];
       float4 out = make_float4(acc[j].x * inv, acc[j].y * inv, acc[j].z * inv, acc[j].w * inv);
       if (nan[j]) out = make_float4(NAN, NAN, NAN, NAN);
-      Element* dst = static_cast<Element*>(p.out) + seq.o_offset(p, b, row / group, h_kv * group + row % group) +
-                     (item % kQuads) * 4;
+      Element* dst = static_cast<Element*>(p.out) + seq.o_offset(p, b, i, h) + (item % kQuads) * 4;
       *reinterpret_cast<uint2*>(dst) =
           make_uint2(pack_pair<Element>(out.x, out.y), pack_pair<Element>(out.z, out.w));
       if (p.lse != nullptr && item % kQuads == 0)
-        p.lse[seq.lse_offset(p, b, row / group, h_kv * group + row % group)] =
+        p.lse[seq.lse_offset(p, b, i, h)] =
             nan[j] ? NAN : (empty ? -INFINITY : run_max[j] + logf(run_sum[j]));
     }
   }
@@ -300,41 +300,42 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   }
 
   // Block -> (row tile, split, sequence and kv head), row tiles fastest so that the blocks
-  // reading the same keys run together. In 32 bits (the grid, < 2^31 blocks, bounds every factor):
-  // the load of the sequence's lengths waits on this arithmetic.
+  // reading the same keys run together. Rows, keys and tiles in 32 bits (launch_decode_kernel
+  // bounds the grid, a sequence's query rows and its keys below 2^31): a 64-bit division is a
+  // subroutine of ~70 dependent instructions, and the first box waits on this arithmetic.
   const int heads_kv = static_cast<int>(p.heads_kv);
-  const int64_t group = static_cast<int>(p.heads) / heads_kv;
+  const int group = static_cast<int>(p.heads) / heads_kv;
   const int row_tiles = static_cast<int>((p.seqlen_q * group + kBlockM - 1) / kBlockM);
   int index = static_cast<int>(blockIdx.x);
-  const int64_t row_tile = index % row_tiles;
+  const int row_tile = index % row_tiles;
   index /= row_tiles;
   const int split_index = index % split.num_splits;
   index /= split.num_splits;
-  const int64_t b = index / heads_kv;
-  const int64_t h_kv = index % heads_kv;
+  const int b = index / heads_kv;
+  const int h_kv = index % heads_kv;
   const bool causal = p.is_causal;
 
   const core::SequenceInfo seq = core::SequenceInfo::of(p, b);
-  const int64_t rows = seq.len_q * group;  // live rows of the sequence
-  const int64_t row0 = row_tile * kBlockM;
+  const int rows = static_cast<int>(seq.len_q) * group;  // live rows of the sequence
+  const int row0 = row_tile * kBlockM;
   if (row0 >= rows) return;  // a row tile past this sequence's queries (varlen): nothing to write
-  const int64_t last_row = (row0 + kBlockM < rows ? row0 + kBlockM : rows) - 1;
+  const int last_row = (row0 + kBlockM < rows ? row0 + kBlockM : rows) - 1;
   // Keys the block's rows see: the last row sees the most under the causal mask.
-  const int64_t key_end = seq.keys_visible(last_row / group, causal);
-  const int64_t key_tiles = (key_end + kBlockN - 1) / kBlockN;
+  const int key_end = static_cast<int>(seq.keys_visible(last_row / group, causal));
+  const int key_tiles = static_cast<int>((int64_t{key_end} + kBlockN - 1) / kBlockN);
   // The key tiles are dealt evenly over min(num_splits, key_tiles) pieces (one, empty, when no
   // key is seen): pieces differ by one tile at most, and splits past them hold nothing.
-  const int pieces = static_cast<int>(key_tiles < split.num_splits ? (key_tiles > 0 ? key_tiles : 1)
-                                                                   : split.num_splits);
+  const int pieces = key_tiles < split.num_splits ? (key_tiles > 0 ? key_tiles : 1) : split.num_splits;
   const bool merge_here = split.arrivals != nullptr;
   if (merge_here && split_index >= pieces) return;  // nothing to read, nothing to merge
-  const int64_t tile_begin = split_index < pieces ? split_index * key_tiles / pieces : key_tiles;
-  const int64_t tile_end = split_index < pieces ? (split_index + 1) * key_tiles / pieces : key_tiles;
-  const int n_tiles = static_cast<int>(tile_end - tile_begin);
+  // (split_index + 1) x key_tiles <= 128 x 2^25 fits 32 unsigned bits.
+  const int tile_begin = split_index < pieces ? static_cast<int>(uint32_t(split_index) * uint32_t(key_tiles) / uint32_t(pieces)) : key_tiles;
+  const int tile_end = split_index < pieces ? static_cast<int>(uint32_t(split_index + 1) * uint32_t(key_tiles) / uint32_t(pieces)) : key_tiles;
+  const int n_tiles = tile_end - tile_begin;
   // A block that holds every key of its rows writes out directly; otherwise a piece.
   const bool write_out = split.num_splits == 1 || (merge_here && pieces == 1);
   // Keys from which some row of the block needs a mask (the first row sees the fewest).
-  const int64_t mask_from = seq.keys_visible(row0 / group, causal);
+  const int mask_from = static_cast<int>(seq.keys_visible(row0 / group, causal));
 
   const int warp = tid / 32;
   const int lane = tid % 32;
@@ -350,7 +351,7 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
 #pragma unroll
     for (int pass = 0; pass < kBlockM / Traits::kRowsPerCopyPass; ++pass) {
       const int r = pass * Traits::kRowsPerCopyPass + tid / Traits::kChunksPerRow;
-      const int64_t row = row0 + r;
+      const int row = row0 + r;
       const bool valid = row < rows;
       const int64_t off = valid ? seq.q_offset(p, b, row / group, h_kv * group + row % group) : 0;
       mma::copy_async_16B(mma::shared_address(q_smem + tile_offset<Traits>(r, chunk)),
@@ -441,7 +442,7 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   int64_t row_keys[2];  // keys each of the two rows sees
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t row = row0 + warp_row + g + 8 * half;
+    const int row = row0 + warp_row + g + 8 * half;
     row_keys[half] = row < rows ? seq.keys_visible(row / group, causal) : key_end;
   }
   const float scale_log2 = static_cast<float>(p.softmax_scale) * kLog2e;
@@ -619,7 +620,7 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   for (int idx = tid; idx < kBlockM * kColGroups; idx += Traits::kThreads) {
     const int r = idx / kColGroups;
     const int c = (idx % kColGroups) * 8;
-    const int64_t row = row0 + r;
+    const int row = row0 + r;
     if (row >= rows) continue;
     float acc[8];
 #pragma unroll
@@ -632,8 +633,8 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
       acc[0] += x.x, acc[1] += x.y, acc[2] += x.z, acc[3] += x.w;
       acc[4] += y.x, acc[5] += y.y, acc[6] += y.z, acc[7] += y.w;
     }
-    const int64_t i = row / group;
-    const int64_t h = h_kv * group + row % group;
+    const int i = row / group;
+    const int h = h_kv * group + row % group;
     if (!write_out) {
       float* dst = split.o_accum + (((split_index * p.batch + b) * p.seqlen_q + i) * p.heads + h) * D + c;
       *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -646,11 +647,11 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   }
   // LSE of each row: the merged max and sum, recomputed by one thread per row.
   for (int r = tid; r < kBlockM; r += Traits::kThreads) {
-    const int64_t row = row0 + r;
+    const int row = row0 + r;
     if (row >= rows) continue;
     const float row_lse = merge_warps<Traits>(m_smem, l_smem, r).lse();
-    const int64_t i = row / group;
-    const int64_t h = h_kv * group + row % group;
+    const int i = row / group;
+    const int h = h_kv * group + row % group;
     if (!write_out) {
       split.lse_accum[((split_index * p.batch + b) * p.heads + h) * p.seqlen_q + i] = row_lse;
     } else if (p.lse != nullptr) {
@@ -715,6 +716,11 @@ Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, 
   if (blocks > INT32_MAX)
     return Status::NotSupported("backend 'decode' runs up to 2147483647 blocks (query row tiles x splits x batch x "
                                 "heads_kv); got " + std::to_string(blocks));
+  // The kernel counts a sequence's rows (queries x group) and keys in 32 bits.
+  if (p.seqlen_q * (p.heads / p.heads_kv) > INT32_MAX - kBlockM || p.seqlen_k > INT32_MAX - Traits::kBlockN)
+    return Status::NotSupported("backend 'decode' takes up to 2^31 query rows (seqlen_q x heads / heads_kv) and "
+                                "keys per sequence; got " + std::to_string(p.seqlen_q * (p.heads / p.heads_kv)) +
+                                " and " + std::to_string(p.seqlen_k));
   if constexpr (kTma) {
     CUtensorMap k_map{}, v_map{};
     if (!tma::encode_kv_maps(p, decode_tma_box_rows(p.is_paged(), p.page_size, Traits::kBlockN), &k_map, &v_map,
