@@ -328,9 +328,10 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   const int pieces = key_tiles < split.num_splits ? (key_tiles > 0 ? key_tiles : 1) : split.num_splits;
   const bool merge_here = split.arrivals != nullptr;
   if (merge_here && split_index >= pieces) return;  // nothing to read, nothing to merge
-  // (split_index + 1) x key_tiles <= 128 x 2^25 fits 32 unsigned bits.
-  const int tile_begin = split_index < pieces ? static_cast<int>(uint32_t(split_index) * uint32_t(key_tiles) / uint32_t(pieces)) : key_tiles;
-  const int tile_end = split_index < pieces ? static_cast<int>(uint32_t(split_index + 1) * uint32_t(key_tiles) / uint32_t(pieces)) : key_tiles;
+  // Piece s starts at tile s x key_tiles / pieces; (s + 1) x key_tiles <= 128 x 2^25 fits 32 unsigned bits.
+  const auto piece_start = [&](int s) { return static_cast<int>(uint32_t(s) * uint32_t(key_tiles) / uint32_t(pieces)); };
+  const int tile_begin = split_index < pieces ? piece_start(split_index) : key_tiles;
+  const int tile_end = split_index < pieces ? piece_start(split_index + 1) : key_tiles;
   const int n_tiles = tile_end - tile_begin;
   // A block that holds every key of its rows writes out directly; otherwise a piece.
   const bool write_out = split.num_splits == 1 || (merge_here && pieces == 1);
