@@ -384,7 +384,7 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
       for (int i = 0; i < kMaxBoxes; ++i) {
         const int64_t j = j0 + int64_t{i} * box_rows;
         rows[i] = static_cast<int>(j);
-        outer[i] = static_cast<int>(b);
+        outer[i] = b;
         if (kv.table_row != nullptr && i * box_rows < kBlockN) {
           int64_t page = 0;
           rows[i] = 0;
@@ -402,10 +402,10 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
 #pragma unroll
         for (int panel = 0; panel < Traits::kPanels; ++panel) {
           const int at = (panel * kBlockN + i * box_rows) * Traits::kPanelCols;
-          tma::load_4d(mma::shared_address(k_tile + at), k_map, bar, panel * Traits::kPanelCols, rows[i],
-                       static_cast<int>(h_kv), outer[i]);
-          tma::load_4d(mma::shared_address(v_tile + at), v_map, bar, panel * Traits::kPanelCols, rows[i],
-                       static_cast<int>(h_kv), outer[i]);
+          tma::load_4d(mma::shared_address(k_tile + at), k_map, bar, panel * Traits::kPanelCols, rows[i], h_kv,
+                       outer[i]);
+          tma::load_4d(mma::shared_address(v_tile + at), v_map, bar, panel * Traits::kPanelCols, rows[i], h_kv,
+                       outer[i]);
         }
       }
       return;
