@@ -231,13 +231,13 @@ Status decode_forward(const AttentionParams& p, void* stream) {
   split.lse_accum = split.o_accum + floats * p.head_dim;
   Status status = Status::Ok();
   if (in_kernel) {
-    // The counters start at 0: cleared in this stream, right before the kernel. They live in this
+    // The counters start at 0: cleared in this stream, right before the kernel (by a kernel whose
+    // run the TMA decode kernel's setup overlaps). They live in this
     // call's workspace, which no other launch touches between its stream-ordered allocation and
     // free (a concurrent call on another stream, or another graph, gets other memory), so calls on
     // any streams and replays of captured graphs never share counters.
     split.arrivals = reinterpret_cast<int*>(split.lse_accum + floats);
-    status = cuda_status(cudaMemsetAsync(split.arrivals, 0, counters * sizeof(int), s),
-                         "cudaMemsetAsync of the decode arrival counters");
+    status = zero_decode_arrivals(split.arrivals, static_cast<int64_t>(counters), s);
   }
   if (status.ok()) status = launch(p, variant, split, s);
   if (status.ok() && !in_kernel) status = combine_pieces(p, split, s);

@@ -315,6 +315,10 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   const int h_kv = index % heads_kv;
   const bool causal = p.is_causal;
 
+  // The TMA kernel is launched with programmatic stream serialization (launch_decode_kernel): all
+  // above (parameters, barriers, the maps' prefetch) overlaps the kernel ahead of it in the stream,
+  // usually this call's zeroing of the arrival counters; every global read and write comes after.
+  if constexpr (Traits::kTma) tma::grid_dependency_wait();
   const core::SequenceInfo seq = core::SequenceInfo::of(p, b);
   const int rows = static_cast<int>(seq.len_q) * group;  // live rows of the sequence
   const int row0 = row_tile * kBlockM;
@@ -706,6 +710,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
 /// (src/cuda/decode_launch.cu).
 tma::L2Promotion decode_l2_promotion(int device_id);
 
+/// \brief Zeroes the n arrival counters of a split decode call on `stream` (src/cuda/decode_arrivals.cu):
+/// a kernel, not a memset, so that the decode kernel behind it in the stream may start its setup
+/// while it runs (programmatic dependent launch).
+Status zero_decode_arrivals(int* counters, int64_t n, cudaStream_t stream);
+
 /// \brief Launches the decode kernel on `stream` (params.device_id current). With
 /// split.num_splits > 1 the pieces go to split's workspace, merged by the kernel with
 /// split.arrivals, else by the caller.
@@ -729,8 +738,19 @@ Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, 
       return Status::NotSupported("TMA cannot describe k or v (strides must be positive multiples of 16 bytes)");
     const auto kernel = decode_tma_kernel<Traits>;
     WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-    kernel<<<static_cast<unsigned>(blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, split, k_map, v_map);
-    return cuda_status(cudaGetLastError(), "decode_tma_kernel launch");
+    // Programmatic stream serialization: the kernel's setup overlaps the tail of the kernel ahead
+    // of it (it waits for that kernel before touching global memory: tma::grid_dependency_wait).
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(Traits::kThreads);
+    config.dynamicSmemBytes = Traits::kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1] = {};
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    return cuda_status(cudaLaunchKernelEx(&config, kernel, p, split, k_map, v_map), "decode_tma_kernel launch");
   } else {
     const auto kernel = decode_kernel<Traits>;
     WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));

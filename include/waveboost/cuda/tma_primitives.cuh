@@ -113,6 +113,22 @@ __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// Programmatic dependent launch (sm_90): a grid launched with the programmatic stream
+// serialization attribute may start before the kernel ahead of it in the stream has finished;
+// grid_dependency_wait returns once that kernel has completed and its writes are visible (at once
+// for a grid launched without the attribute). Nothing before it may read what the kernel ahead
+// writes, or write what it reads. launch_dependents lets the grid behind this one start early.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // Barrier `id` (1..15; 0 is __syncthreads') among `threads` threads (a multiple of 32).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
