@@ -116,6 +116,26 @@ def test_split_and_unsplit_grids(b, heads, heads_kv, lk):
         check_rows(out[i], lse[i], ref[i], ref_lse[i], naive[i], "bf16")
 
 
+def test_grid_just_past_one_wave_splits_its_last_wave():
+    # (SMs // 8 + 1) sequences x 8 kv heads: a grid a few blocks past one block per SM. Where the keys
+    # stream by TMA, the last-wave rule cuts them into pieces rather than leave two blocks on a few
+    # SMs while the rest idle; the result is the same either way.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    b, heads, heads_kv, lk = sms // 8 + 1, 32, 8, 64 * 64 + 3
+    g = gen(77)
+    q = randn(g, b, 1, heads, 128, dtype=torch.bfloat16)
+    k, v = (randn(g, b, lk, heads_kv, 128, dtype=torch.bfloat16) for _ in range(2))
+    plan = waveboost.plan(q, k, v, backend="decode")
+    if "tma" in plan["kernel"]:
+        assert plan["num_splits"] > 1 and plan["merge"] == "in-kernel", plan
+    out = torch.full_like(q, float("nan"))
+    _, lse = waveboost.attention(q, k, v, out=out, return_lse=True, backend="decode")
+    ref, ref_lse = attention_ref_torch(q, k, v, False, 1 / math.sqrt(128))
+    naive, _ = attention_ref_torch(q, k, v, False, 1 / math.sqrt(128), dtype=torch.bfloat16)
+    for i in range(b):
+        check_rows(out[i], lse[i], ref[i], ref_lse[i], naive[i], "bf16")
+
+
 # Split pieces: 16-row tiles are merged inside the decode kernel (the last piece of a row tile to
 # finish merges them), 32- and 64-row tiles by the combine kernel. On an H100 (132 SMs) one sequence of
 # 16-row tiles splits into up to 132 / kv heads pieces (16 at 8 kv heads, the cap of 128 at 1); key

@@ -96,6 +96,28 @@ int splits_for_wave(const AttentionParams& p, int multiprocessors, int blocks_pe
   return splits > 1 ? static_cast<int>(splits) : 1;
 }
 
+// Grids of one block per SM or more, 16-row tiles with TMA boxes of whole key tiles. Two blocks fit
+// on an SM, so a grid of 1-1.5 or 2-2.5 blocks per SM ends with some SMs running one block more
+// than the rest while the others idle (H100 / H200, batch 20 x 8k keys at 32/8 heads, 160 blocks
+// on 132 SMs: 82% / 77% of peak). There the keys are cut so that the pieces fill two waves of two
+// blocks per SM (4 x SMs pieces), up to 4 pieces per block of at least kMinTilesPerTailPiece key
+// tiles each: a piece's prologue, epilogue and merge cost 4-6% of the step at 16 tiles, where the
+// tail gained less (benchmarks/NOTES.md, "Decode: the last wave").
+constexpr int64_t kMinTilesPerTailPiece = 32;
+
+int splits_for_last_wave(const AttentionParams& p, int multiprocessors) {
+  const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
+  const int64_t sms = multiprocessors;
+  const bool thin_tail = (blocks > sms && 2 * blocks <= 3 * sms) || (blocks > 2 * sms && 2 * blocks <= 5 * sms);
+  if (!thin_tail) return 1;
+  int64_t splits = (4 * sms + blocks - 1) / blocks;
+  const int64_t longest = decode_key_tiles(p) / kMinTilesPerTailPiece;
+  splits = splits < longest ? splits : longest;
+  splits = splits < 4 ? splits : 4;
+  splits = splits < max_splits() ? splits : max_splits();
+  return splits > 1 ? static_cast<int>(splits) : 1;
+}
+
 // The wave the split count fills (see above), then the pieces for it; tma: the launch takes the
 // TMA variant (decode_variant).
 int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_per_sm, bool tma) {
@@ -109,7 +131,8 @@ int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_p
     const int two = splits_for_wave(p, multiprocessors, 2);
     if (decode_key_tiles(p) >= kMinTilesPerPiece * two) return two;
   }
-  return splits_for_wave(p, multiprocessors, 1);
+  const int one = splits_for_wave(p, multiprocessors, 1);
+  return one == 1 && tile_boxes ? splits_for_last_wave(p, multiprocessors) : one;
 }
 
 // The device's DRAM bandwidth per SM in MB/s; 0 where it cannot be read (the rules then take an
@@ -218,8 +241,9 @@ Status decode_forward(const AttentionParams& p, void* stream) {
   if (Status st = device_splits(p, variant, &split.num_splits); !st.ok()) return st;
   if (split.num_splits == 1) return launch(p, variant, split, s);
 
-  // Pieces: O (fp32) [split][b][i][h][d] and LSE [split][b][h][i]. splits x blocks <= 2 x SMs,
-  // so at most 2 x SMs x 64 rows (8.7 MB at head dim 128 on an H100), kept by the pool. Then,
+  // Pieces: O (fp32) [split][b][i][h][d] and LSE [split][b][h][i]. Under a wave, splits x blocks
+  // <= 2 x SMs, so at most 2 x SMs x 64 rows (8.7 MB at head dim 128 on an H100); past it (16-row
+  // tiles, splits_for_last_wave) at most 6.5 x SMs pieces of 16 rows (7.1 MB there), kept by the pool. Then,
   // for the merge in the kernel, an arrival counter per row tile of each (sequence, kv head).
   const bool in_kernel = merge_in_kernel(p);
   const size_t floats = static_cast<size_t>(split.num_splits) * p.batch * p.seqlen_q * p.heads;
