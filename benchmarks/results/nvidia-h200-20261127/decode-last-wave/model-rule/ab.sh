@@ -1,0 +1,30 @@
+#!/bin/bash
+# main (base) vs decode-tail-rule (br): the branch's decode tests + memcheck, its plans, probe A/B two rounds.
+cd "$(dirname "$0")/.."
+mkdir -p /tmp/logs
+nvidia-smi --query-gpu=name --format=csv,noheader
+for n in main br-tail; do
+  mkdir -p /tmp/src-$n && tar xzf .devrun/$n.tgz -C /tmp/src-$n
+  python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/$n -Cbuild-dir=/tmp/build-$n /tmp/src-$n -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 > /tmp/logs/build-$n.log 2>&1 &
+done
+wait
+for n in main br-tail; do test -d /tmp/$n/waveboost || { echo "$n build failed"; tail -20 /tmp/logs/build-$n.log; }; done
+SH=20x8192x32x8,24x8192x32x8,17x16384x32x8,34x4096x32x8,40x4096x32x8,36x2048x64x8,72x2048x32x8,48x4096x32x8,128x2048x32x8,16x8192x32x8
+PYTHONPATH=/tmp/br-tail python3 - $SH <<'PY' | tee $OUT/plans.txt
+import sys, torch, waveboost
+for s in sys.argv[1].split(","):
+    B, L, H, HKV = map(int, s.split("x"))
+    q = torch.empty(B, 1, H, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(B, L, HKV, 128, device="cuda", dtype=torch.bfloat16)
+    print(s, waveboost.plan(q, k, k))
+PY
+(cd /tmp/src-br-tail && PYTHONPATH=/tmp/br-tail timeout 200 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_decode_gpu.py tests/test_kvcache.py tests/test_varlen.py > /tmp/logs/pytest-br.txt 2>&1; echo "br pytest rc $?"; tail -1 /tmp/logs/pytest-br.txt; grep "^FAILED" /tmp/logs/pytest-br.txt | head -5)
+(cd /tmp/src-br-tail && PYTHONPATH=/tmp/br-tail timeout 100 compute-sanitizer --tool memcheck python3 -m pytest -q -p no:cacheprovider tests/test_decode_gpu.py -k "past_one_wave" > /tmp/logs/memcheck-br.log 2>&1; echo "br memcheck rc $?"; grep "ERROR SUMMARY" /tmp/logs/memcheck-br.log; tail -1 /tmp/logs/memcheck-br.log)
+for r in 1 2; do for n in main br-tail; do
+  IM=wb_blhd; [ $n = main ] && IM=wb_blhd,sdpa_cudnn
+  PYTHONPATH=/tmp/$n timeout 120 python3 benchmarks/decode_probe.py --tag $n --impls $IM --shapes $SH >> /tmp/logs/probe.jsonl 2>>/tmp/logs/probe-err.txt
+done; done
+tail -3 /tmp/logs/probe-err.txt
+python3 .devrun/ptab.py /tmp/logs/probe.jsonl | tee $OUT/probe.txt
+cp /tmp/logs/probe.jsonl $OUT/
+tar czf $OUT/logs.tgz -C /tmp logs
