@@ -1,7 +1,7 @@
 """Decode probe: GPU time per decode step of waveboost beside SDPA cuDNN, on the same shapes, by one method.
 
     python benchmarks/decode_probe.py [--impls wb_blhd,wb_bhld,sdpa_cudnn,amax] [--tag T] [--peak-gbs G]
-                                      [--shapes BxLxHxHKV,...]
+                                      [--shapes BxLxHxHKV,...] [--page-size P]
 
 Prints one JSON line per shape (bf16, head dim 128, one query per sequence): microseconds per step and %
 of peak HBM bandwidth (K/V cache bytes / time) for
@@ -10,6 +10,8 @@ of peak HBM bandwidth (K/V cache bytes / time) for
               each head's keys contiguous, as SDPA reads its cache;
   sdpa_cudnn  torch SDPA's cuDNN backend on the head-major cache (enable_gqa);
   amax        torch.amax over K and V: a plain reduction reading the same bytes.
+With --page-size, wb_blhd reads a paged cache instead: pages of P keys (num_pages, P, heads_kv, D) at
+shuffled page ids through a block table (the other impls are unchanged).
 Each is timed as a CUDA graph of 20 steps over distinct cache copies (together > 150 MB, so HBM is read,
 not L2), the median of 15 replays. Environment variables of the decode launcher (e.g.
 WAVEBOOST_DECODE_BLOCKS_PER_SM) apply as usual; run one process per setting.
@@ -35,6 +37,7 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     ap.add_argument("--peak-gbs", type=float, default=None,
                     help="default: the suite's peak for this device (waveboost.bench.hardware.peak_bandwidth)")
+    ap.add_argument("--page-size", type=int, default=0, help="wb_blhd on a paged cache of pages of this many keys")
     ap.add_argument("--shapes", default="", help="batch x KV length x heads x kv heads, comma-separated "
                     "(default: " + ",".join("x".join(map(str, s)) for s in SHAPES) + ")")
     args = ap.parse_args()
@@ -72,9 +75,24 @@ def main() -> None:
         del head_major
         if "wb_blhd" in impls:
             usual = [(cache(batch, keys, heads_kv, d), cache(batch, keys, heads_kv, d)) for _ in range(copies)]
-            res["wb_blhd"] = _graph_step_us(
-                torch, lambda i: waveboost.attention_with_kvcache(q, *usual[i % copies], lengths, out=out))
-            res["splits"] = waveboost.plan(q, usual[0][0], usual[0][1], backend="decode")["num_splits"]
+            table = None
+            if not args.page_size:
+                res["splits"] = waveboost.plan(q, usual[0][0], usual[0][1], backend="decode")["num_splits"]
+            if args.page_size:
+                res["page_size"] = args.page_size
+                per_seq = keys // args.page_size
+                if per_seq * args.page_size != keys:
+                    ap.error(f"--page-size {args.page_size} must divide the KV length {keys}")
+                table = torch.randperm(batch * per_seq, generator=gen, device="cuda").to(torch.int32).view(batch, per_seq)
+                index = table.view(-1).long()
+
+                def paged(t):
+                    pages = torch.empty(batch * per_seq, args.page_size, heads_kv, d, device="cuda", dtype=t.dtype)
+                    pages[index] = t.reshape(batch * per_seq, args.page_size, heads_kv, d)
+                    return pages
+                usual = [(paged(k), paged(v)) for k, v in usual]
+            res["wb_blhd"] = _graph_step_us(torch, lambda i: waveboost.attention_with_kvcache(
+                q, *usual[i % copies], lengths, block_table=table, out=out))
             del usual
         for key in [k for k in res if isinstance(res[k], float)]:
             res[key + "_pct"] = round(100 * kv_bytes / res[key] / 1e3 / peak, 1)
