@@ -3,6 +3,7 @@
 // the kernel merges the split pieces of 16-row tiles itself, those of 32- and 64-row tiles go to the
 // combine of include/waveboost/cuda/core/combine.cuh. On sm_90, dense caches stream by TMA, and
 // paged ones too on fast-memory devices (decode_variant).
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -96,26 +97,31 @@ int splits_for_wave(const AttentionParams& p, int multiprocessors, int blocks_pe
   return splits > 1 ? static_cast<int>(splits) : 1;
 }
 
-// Grids of one block per SM or more, 16-row tiles with TMA boxes of whole key tiles. Two blocks fit
-// on an SM, so a grid of 1-1.5 or 2-2.5 blocks per SM ends with some SMs running one block more
-// than the rest while the others idle (H100 / H200, batch 20 x 8k keys at 32/8 heads, 160 blocks
-// on 132 SMs: 82% / 77% of peak). There the keys are cut so that the pieces fill two waves of two
-// blocks per SM (4 x SMs pieces), up to 4 pieces per block of at least kMinTilesPerTailPiece key
-// tiles each: a piece's prologue, epilogue and merge cost 4-6% of the step at 16 tiles, where the
-// tail gained less (benchmarks/NOTES.md, "Decode: the last wave").
-constexpr int64_t kMinTilesPerTailPiece = 32;
-
-int splits_for_last_wave(const AttentionParams& p, int multiprocessors) {
+// Grids of one block per SM or more (16-row tiles). Two blocks fit on an SM, so such a grid runs
+// in waves of 2 x SMs blocks, and a last wave that is mostly empty leaves the memory idle (H100,
+// pages of 16 keys by cp.async, batch 34 x 4k keys at 32/8 heads, 272 blocks on 132 SMs: 55% of
+// peak unsplit, 70-73% in 3-4 pieces). The pieces per block follow FlashAttention's split
+// heuristic over those waves: s pieces fill waves / ceil(waves) of the slots, and the smallest s
+// (1-4) within 85% of the best fill is taken. Each piece keeps at least 16 key tiles, 32 where TMA
+// boxes of whole tiles stream the keys: those blocks stream faster when the tail leaves them alone
+// on an SM, and pieces of 16 tiles cost them 4-5% (batch 36 x 2k, 72 x 2k; benchmarks/NOTES.md,
+// "Decode: the last wave"). Past three waves the last one is at most a quarter of the step.
+int splits_for_last_wave(const AttentionParams& p, int multiprocessors, bool tile_boxes) {
   const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
-  const int64_t sms = multiprocessors;
-  const bool thin_tail = (blocks > sms && 2 * blocks <= 3 * sms) || (blocks > 2 * sms && 2 * blocks <= 5 * sms);
-  if (!thin_tail) return 1;
-  int64_t splits = (4 * sms + blocks - 1) / blocks;
-  const int64_t longest = decode_key_tiles(p) / kMinTilesPerTailPiece;
-  splits = splits < longest ? splits : longest;
-  splits = splits < 4 ? splits : 4;
-  splits = splits < max_splits() ? splits : max_splits();
-  return splits > 1 ? static_cast<int>(splits) : 1;
+  const int64_t slots = int64_t{kDecodeBlocksPerSM} * multiprocessors;
+  if (blocks < multiprocessors || blocks >= 3 * slots) return 1;
+  int64_t most = decode_key_tiles(p) / (tile_boxes ? 32 : 16);
+  most = most < 4 ? most : 4;
+  most = most < max_splits() ? most : max_splits();
+  const auto fill = [&](int64_t splits) {
+    const double waves = static_cast<double>(blocks * splits) / static_cast<double>(slots);
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int64_t s = 1; s <= most; ++s) best = fill(s) > best ? fill(s) : best;
+  for (int64_t s = 1; s <= most; ++s)
+    if (fill(s) >= 0.85 * best) return static_cast<int>(s);
+  return 1;
 }
 
 // The wave the split count fills (see above), then the pieces for it; tma: the launch takes the
@@ -127,12 +133,12 @@ int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_p
   const bool tile_boxes = tma && decode_tma_box_rows(p.is_paged(), p.page_size, block_n) == block_n;
   if (decode_block_m(p) != 16)
     return splits_for_wave(p, multiprocessors, tile_boxes && fast_memory ? 1 : kDecodeBlocksPerSM);
+  int splits = splits_for_wave(p, multiprocessors, 1);
   if (!tile_boxes && fast_memory) {
     const int two = splits_for_wave(p, multiprocessors, 2);
-    if (decode_key_tiles(p) >= kMinTilesPerPiece * two) return two;
+    if (decode_key_tiles(p) >= kMinTilesPerPiece * two) splits = two;
   }
-  const int one = splits_for_wave(p, multiprocessors, 1);
-  return one == 1 && tile_boxes ? splits_for_last_wave(p, multiprocessors) : one;
+  return splits == 1 ? splits_for_last_wave(p, multiprocessors, tile_boxes) : splits;
 }
 
 // The device's DRAM bandwidth per SM in MB/s; 0 where it cannot be read (the rules then take an
@@ -243,7 +249,7 @@ Status decode_forward(const AttentionParams& p, void* stream) {
 
   // Pieces: O (fp32) [split][b][i][h][d] and LSE [split][b][h][i]. Under a wave, splits x blocks
   // <= 2 x SMs, so at most 2 x SMs x 64 rows (8.7 MB at head dim 128 on an H100); past it (16-row
-  // tiles, splits_for_last_wave) at most 6.5 x SMs pieces of 16 rows (7.1 MB there), kept by the pool. Then,
+  // tiles, splits_for_last_wave) at most 4 x 6 x SMs pieces of 16 rows (26 MB there), kept by the pool. Then,
   // for the merge in the kernel, an arrival counter per row tile of each (sequence, kv head).
   const bool in_kernel = merge_in_kernel(p);
   const size_t floats = static_cast<size_t>(split.num_splits) * p.batch * p.seqlen_q * p.heads;
