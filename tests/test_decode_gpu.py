@@ -119,7 +119,7 @@ def test_split_and_unsplit_grids(b, heads, heads_kv, lk):
 def test_grid_just_past_one_wave_splits_its_last_wave():
     # (SMs // 8 + 1) sequences x 8 kv heads: a grid a few blocks past one block per SM, whose second
     # wave of two blocks per SM would be nearly empty. Where the keys stream by TMA, the last-wave rule
-    # cuts them into pieces (3 of 43 key tiles on 132 SMs); the result is the same either way.
+    # cuts them into pieces (4 of 32-33 key tiles on 132 SMs); the result is the same either way.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     b, heads, heads_kv, lk = sms // 8 + 1, 32, 8, 64 * 128 + 3
     g = gen(77)

@@ -98,21 +98,31 @@ int splits_for_wave(const AttentionParams& p, int multiprocessors, int blocks_pe
 }
 
 // Grids of one block per SM or more (16-row tiles). Two blocks fit on an SM, so such a grid runs
-// in waves of 2 x SMs blocks, and a last wave that is mostly empty leaves the memory idle (H100,
-// pages of 16 keys by cp.async, batch 34 x 4k keys at 32/8 heads, 272 blocks on 132 SMs: 55% of
-// peak unsplit, 70-73% in 3-4 pieces). The pieces per block follow FlashAttention's split
-// heuristic over those waves: s pieces fill waves / ceil(waves) of the slots, and the smallest s
-// (1-4) within 85% of the best fill is taken. Each piece keeps at least 16 key tiles, 32 where TMA
-// boxes of whole tiles stream the keys: those blocks stream faster when the tail leaves them alone
-// on an SM, and pieces of 16 tiles cost them 4-5% (batch 36 x 2k, 72 x 2k; benchmarks/NOTES.md,
-// "Decode: the last wave"). Past three waves the last one is at most a quarter of the step.
+// in waves of 2 x SMs blocks, and a last wave that is mostly empty leaves the memory idle; the keys
+// are then cut into pieces (benchmarks/NOTES.md, "Decode: the last wave"):
+//  - K/V by 16 B cp.async or by TMA boxes of a page (pages under a key tile): FlashAttention's
+//    split heuristic over those waves. s pieces per block fill waves / ceil(waves) of the slots;
+//    the smallest s (1-4, pieces of at least 16 key tiles) within 85% of the best fill is taken
+//    (H100, pages of 16 keys, batch 34 x 4k keys at 32/8 heads, 272 blocks on 132 SMs: 55% of
+//    peak unsplit, 70% in 3 pieces; 1.07-1.32x on seven grids of 1-4.4 blocks per SM).
+//  - TMA boxes of whole key tiles: a block left alone on an SM by the tail streams faster, so only
+//    grids of 1-1.5 or 2-2.5 blocks per SM are cut, into pieces that fill two waves (4 x SMs pieces),
+//    up to 4 per block of at least 32 key tiles (pieces of 16 tiles cost 4-5% there; H100 / H200,
+//    batch 20 x 8k, 160 blocks: 82% / 77% of peak unsplit, 1.06x / 1.08x in 4 pieces).
+// Past three waves the last one is at most a quarter of the step.
 int splits_for_last_wave(const AttentionParams& p, int multiprocessors, bool tile_boxes) {
   const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
-  const int64_t slots = int64_t{kDecodeBlocksPerSM} * multiprocessors;
-  if (blocks < multiprocessors || blocks >= 3 * slots) return 1;
+  const int64_t sms = multiprocessors;
+  const int64_t slots = kDecodeBlocksPerSM * sms;
+  if (blocks < sms || blocks >= 3 * slots) return 1;
   int64_t most = decode_key_tiles(p) / (tile_boxes ? 32 : 16);
   most = most < 4 ? most : 4;
   most = most < max_splits() ? most : max_splits();
+  if (tile_boxes) {
+    const bool thin_tail = (blocks > sms && 2 * blocks <= 3 * sms) || (blocks > 2 * sms && 2 * blocks <= 5 * sms);
+    const int64_t splits = thin_tail ? (4 * sms + blocks - 1) / blocks : 1;
+    return static_cast<int>(splits < most ? splits : (most > 1 ? most : 1));
+  }
   const auto fill = [&](int64_t splits) {
     const double waves = static_cast<double>(blocks * splits) / static_cast<double>(slots);
     return waves / std::ceil(waves);
