@@ -78,7 +78,7 @@ def main() -> None:
             table = None
             if not args.page_size:
                 res["splits"] = waveboost.plan(q, usual[0][0], usual[0][1], backend="decode")["num_splits"]
-            if args.page_size:
+            else:
                 res["page_size"] = args.page_size
                 per_seq = keys // args.page_size
                 if per_seq * args.page_size != keys:

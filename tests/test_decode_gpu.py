@@ -96,6 +96,17 @@ def test_dense_matches_reference(dname, d, heads, heads_kv, lq, lk, causal):
         check_rows(out[i], lse[i], ref[i], ref_lse[i], naive[i], dname)
 
 
+def check_decode_bf16(q, k, v):
+    """The decode backend on bf16 q, k, v (one query per sequence, head dim 128, not causal) into a
+    NaN-poisoned output, against the float64 reference per sequence."""
+    out = torch.full_like(q, float("nan"))
+    _, lse = waveboost.attention(q, k, v, out=out, return_lse=True, backend="decode")
+    ref, ref_lse = attention_ref_torch(q, k, v, False, 1 / math.sqrt(128))
+    naive, _ = attention_ref_torch(q, k, v, False, 1 / math.sqrt(128), dtype=torch.bfloat16)
+    for i in range(q.shape[0]):
+        check_rows(out[i], lse[i], ref[i], ref_lse[i], naive[i], "bf16")
+
+
 @pytest.mark.parametrize("b,heads,heads_kv,lk", [(1, 32, 8, 32768), (1, 8, 1, 5000), (2, 64, 64, 3000),
                                                  (200, 8, 1, 300)])
 def test_split_and_unsplit_grids(b, heads, heads_kv, lk):
@@ -108,12 +119,7 @@ def test_split_and_unsplit_grids(b, heads, heads_kv, lk):
         plan = waveboost.plan(q, k, v, backend="decode")
         # 16-row tiles (heads / heads_kv <= 16 here) merge in the kernel.
         assert plan["num_splits"] > 1 and plan["merge"] == "in-kernel", plan
-    out = torch.full_like(q, float("nan"))
-    _, lse = waveboost.attention(q, k, v, out=out, return_lse=True, backend="decode")
-    ref, ref_lse = attention_ref_torch(q, k, v, False, 1 / math.sqrt(128))
-    naive, _ = attention_ref_torch(q, k, v, False, 1 / math.sqrt(128), dtype=torch.bfloat16)
-    for i in range(b):
-        check_rows(out[i], lse[i], ref[i], ref_lse[i], naive[i], "bf16")
+    check_decode_bf16(q, k, v)
 
 
 def test_grid_just_past_one_wave_splits_its_last_wave():
@@ -128,12 +134,7 @@ def test_grid_just_past_one_wave_splits_its_last_wave():
     plan = waveboost.plan(q, k, v, backend="decode")
     if "tma" in plan["kernel"]:
         assert plan["num_splits"] > 1 and plan["merge"] == "in-kernel", plan
-    out = torch.full_like(q, float("nan"))
-    _, lse = waveboost.attention(q, k, v, out=out, return_lse=True, backend="decode")
-    ref, ref_lse = attention_ref_torch(q, k, v, False, 1 / math.sqrt(128))
-    naive, _ = attention_ref_torch(q, k, v, False, 1 / math.sqrt(128), dtype=torch.bfloat16)
-    for i in range(b):
-        check_rows(out[i], lse[i], ref[i], ref_lse[i], naive[i], "bf16")
+    check_decode_bf16(q, k, v)
 
 
 # Split pieces: 16-row tiles are merged inside the decode kernel (the last piece of a row tile to
