@@ -366,24 +366,14 @@ def test_unused_cache_slots_never_reach_the_output(d, heads, heads_kv, lq, page_
     check_sequences(out, lse, q, k_cache, v_cache, [lq] * b, lengths, True, "bf16")
 
 
-def test_tma_pipeline_on_paged_caches():
-    """On sm_90 paged caches stream by TMA where the memory is fast (an H200) and by cp.async
-    elsewhere; the paged tests run again in a child process with WAVEBOOST_DECODE_PIPELINE=tma, which
-    takes TMA for them on any sm_90 device."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the TMA decode kernel runs on sm_90 only")
-    pytest_in_child(__file__,
-                    "kvcache_matches_reference or merge_with_mixed_cache_lengths or unused_cache_slots or "
-                    "append_then_attend or decode_step_in_a_cuda_graph",
-                    {"WAVEBOOST_DECODE_PIPELINE": "tma"})
-
-
-def test_cp_async_pipeline_on_dense_caches():
-    """On sm_90 dense caches in tiles of <= 32 rows stream by TMA; the cp.async kernel that other
-    devices run on them is checked here by the dense tests again in a child process with
+def test_cp_async_pipeline():
+    """On sm_90 dense and paged caches stream by TMA (tiles of <= 32 rows); the cp.async kernel that
+    other devices run is checked here by the dense and paged tests again in a child process with
     WAVEBOOST_DECODE_PIPELINE=cp.async (read once per process)."""
     pytest_in_child(__file__,
-                    "(dense_matches_reference and bf16) or split_and_unsplit or every_split_piece or unused_cache_slots",
+                    "(dense_matches_reference and bf16) or split_and_unsplit or every_split_piece or unused_cache_slots or "
+                    "kvcache_matches_reference or merge_with_mixed_cache_lengths or append_then_attend or "
+                    "decode_step_in_a_cuda_graph",
                     {"WAVEBOOST_DECODE_PIPELINE": "cp.async"})
 
 

@@ -1,8 +1,8 @@
 // Backend "decode": can_implement, the number of split-KV pieces, the workspace, and the
 // launch of the decode kernel (include/waveboost/cuda/decode.cuh) through the kernel registry;
 // the kernel merges the split pieces of 16-row tiles itself, those of 32- and 64-row tiles go to the
-// combine of include/waveboost/cuda/core/combine.cuh. On sm_90, dense caches stream by TMA, and
-// paged ones too on fast-memory devices (decode_variant).
+// combine of include/waveboost/cuda/core/combine.cuh. On sm_90, dense and paged caches stream by TMA
+// (decode_variant).
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -163,23 +163,20 @@ int bandwidth_per_sm(int device_id) {
 }
 
 // The kernel table's variant for p: "tma" (K/V tiles by TMA, decode_tma_applies) on a compute
-// capability 9.0 device of a build with sm_90a objects, for dense caches, and for paged ones on
-// fast-memory devices (an H200: there paged caches by cp.async fell 8-18% behind contiguous ones by
-// TMA; on an H100 they are within 2%): pages of at least a key tile at the contiguous cache's speed,
-// pages of 16 at 1.01-1.15x cp.async with the split rule above (benchmarks/NOTES.md, "Decode: paged
-// caches by TMA", "Decode: small pages by TMA, two blocks per SM"); else "" (16 B cp.async from
-// every thread). WAVEBOOST_DECODE_PIPELINE=cp.async (read once per process) never takes TMA, =tma
-// wherever it applies (on an H100 too).
+// capability 9.0 device of a build with sm_90a objects, for dense and paged caches: pages of at
+// least a key tile stream at the contiguous cache's speed, pages of 16 at 1.01-1.15x cp.async with
+// the split rule above on an H200 and 1.00-1.28x on an H100, where pages of 256 gain 1.02-1.30x
+// (benchmarks/NOTES.md, "Decode: paged caches by TMA", "Decode: small pages by TMA, two blocks per
+// SM", "Decode: paged caches by TMA on the H100"); else "" (16 B cp.async from every thread).
+// WAVEBOOST_DECODE_PIPELINE=cp.async (read once per process) never takes TMA.
 const char* decode_variant(const AttentionParams& p) {
 #ifdef WAVEBOOST_WITH_SM90A
-  static const int pipeline = [] {  // 0: by the rule above, 1: cp.async, 2: tma
+  static const bool cp_async = [] {
     const char* v = std::getenv("WAVEBOOST_DECODE_PIPELINE");
-    if (v != nullptr && std::strcmp(v, "cp.async") == 0) return 1;
-    return v != nullptr && std::strcmp(v, "tma") == 0 ? 2 : 0;
+    return v != nullptr && std::strcmp(v, "cp.async") == 0;
   }();
   int cc = 0;
-  if (pipeline == 1 || !compute_capability(p.device_id, &cc).ok() || cc != 90 || !decode_tma_applies(p)) return "";
-  if (p.is_paged() && pipeline == 0 && bandwidth_per_sm(p.device_id) < kFastMemoryMBps) return "";
+  if (cp_async || !compute_capability(p.device_id, &cc).ok() || cc != 90 || !decode_tma_applies(p)) return "";
   return "tma";
 #else
   (void)p;
