@@ -13,21 +13,7 @@ for r in 1 2; do
   WAVEBOOST_WGMMA_PERSISTENT=0 timeout 90 python3 benchmarks/ab_time.py off $A >> $OUT/ab.txt 2>>/tmp/logs/ab-err.txt
   WAVEBOOST_WGMMA_PERSISTENT=1 timeout 90 python3 benchmarks/ab_time.py persistent $A >> $OUT/ab.txt 2>>/tmp/logs/ab-err.txt
 done
-python3 - $OUT/ab.txt <<'PY'
-import sys, collections, statistics
-d = collections.defaultdict(list)
-for l in open(sys.argv[1]):
-    p = l.split()
-    if len(p) < 8: continue
-    try: t = float(p[-1])
-    except ValueError: continue
-    d[(tuple(p[1:-1]), p[0])].append(t)
-cells = list(dict.fromkeys(k[0] for k in d))
-print("cell | main ms | off/main | persistent/main (time ratios, <1 faster) | speedup persistent vs off")
-for c in cells:
-    m = statistics.median(d[(c, "main")]); o = statistics.median(d[(c, "off")]); q = statistics.median(d[(c, "persistent")])
-    print(" ".join(c), f"| {m:.4f} | {o/m:.3f} | {q/m:.3f} | {o/q:.3f}")
-PY
+python3 "$(dirname "$0")/ab_table.py" $OUT/ab.txt
 tail -3 /tmp/logs/ab-err.txt
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 (timeout 330 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_wgmma_pipeline.py tests/test_gpu.py tests/test_fp8_gpu.py > $OUT/pytest.txt 2>&1; echo "pytest rc $?" >> $OUT/pytest.txt) &
