@@ -1,10 +1,11 @@
 #!/bin/bash
+# $TARBALLS: a folder with `git archive` tarballs of the trees compared (<name>.tgz). Run from the repository root.
 # main (base) vs decode-tail-rule (br): the branch's decode tests + memcheck, its plans, probe A/B two rounds.
-cd "$(dirname "$0")/.."
+cd "${REPO:-.}"  # the repository root
 mkdir -p /tmp/logs
 nvidia-smi --query-gpu=name --format=csv,noheader
 for n in main br-tail exp; do
-  mkdir -p /tmp/src-$n && tar xzf .devrun/$n.tgz -C /tmp/src-$n
+  mkdir -p /tmp/src-$n && tar xzf "$TARBALLS"/$n.tgz -C /tmp/src-$n
   python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/$n -Cbuild-dir=/tmp/build-$n /tmp/src-$n -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 > /tmp/logs/build-$n.log 2>&1 &
 done
 wait
@@ -25,12 +26,12 @@ for r in 1 2; do for n in main br-tail; do
   PYTHONPATH=/tmp/$n timeout 120 python3 benchmarks/decode_probe.py --tag $n --impls $IM --shapes $SH >> /tmp/logs/probe.jsonl 2>>/tmp/logs/probe-err.txt
 done; done
 tail -3 /tmp/logs/probe-err.txt
-python3 .devrun/ptab.py /tmp/logs/probe.jsonl | tee $OUT/probe.txt
+python3 benchmarks/results/nvidia-h200-20261127/decode-last-wave/probe_table.py /tmp/logs/probe.jsonl | tee $OUT/probe.txt
 cp /tmp/logs/probe.jsonl $OUT/
 tar czf $OUT/logs.tgz -C /tmp logs
 SW=20x8192x32x8,24x8192x32x8,17x16384x32x8,34x4096x32x8,40x4096x32x8,36x2048x64x8,48x4096x32x8,72x2048x32x8
 for fs in 1 2 3 4 5 6 8; do
   WAVEBOOST_DECODE_FORCE_SPLITS=$fs PYTHONPATH=/tmp/exp timeout 100 python3 benchmarks/decode_probe.py --tag fs$fs --impls wb_blhd --shapes $SW >> /tmp/logs/sweep.jsonl 2>>/tmp/logs/probe-err.txt
 done
-python3 .devrun/ptab.py /tmp/logs/sweep.jsonl | tee $OUT/sweep.txt
+python3 benchmarks/results/nvidia-h200-20261127/decode-last-wave/probe_table.py /tmp/logs/sweep.jsonl | tee $OUT/sweep.txt
 cp /tmp/logs/sweep.jsonl $OUT/

@@ -1,12 +1,13 @@
 #!/bin/bash
+# $TARBALLS: a folder with `git archive` tarballs of the trees compared (<name>.tgz). Run from the repository root.
 # H100: main (PDL) vs base (b92cb0f): GPU tests + sanitizers of main, probe A/B; block trace of the large cells.
-cd "$(dirname "$0")/.."
+cd "${REPO:-.}"  # the repository root
 mkdir -p /tmp/logs
 nvidia-smi --query-gpu=name --format=csv,noheader
 for n in base main trace; do
-  mkdir -p /tmp/src-$n && tar xzf .devrun/$( [ $n = trace ] && echo main || echo $n ).tgz -C /tmp/src-$n
+  mkdir -p /tmp/src-$n && tar xzf "$TARBALLS"/$( [ $n = trace ] && echo main || echo $n ).tgz -C /tmp/src-$n
 done
-(P=$PWD/.devrun/blocktrace.patch; cd /tmp/src-trace && (patch -p1 -s < $P || git apply $P)) || echo "patch failed"
+(P=$PWD/benchmarks/results/nvidia-h200-20261127/decode-last-wave/trace/blocktrace.patch; cd /tmp/src-trace && (patch -p1 -s < $P || git apply $P)) || echo "patch failed"
 for n in base main trace; do
   python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/$n -Cbuild-dir=/tmp/build-$n /tmp/src-$n -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 > /tmp/logs/build-$n.log 2>&1 &
 done
@@ -21,8 +22,8 @@ SH=1x2048x32x8,1x32768x32x8,16x8192x32x8,128x2048x32x8,32x8192x32x1,1x2048x64x8,
 for r in 1 2; do for n in base main; do
   PYTHONPATH=/tmp/$n timeout 60 python3 benchmarks/decode_probe.py --tag $n --impls wb_blhd,sdpa_cudnn --shapes $SH >> /tmp/logs/probe.jsonl 2>>/tmp/logs/probe-err.txt
 done; done
-python3 .devrun/ptab.py /tmp/logs/probe.jsonl | tee $OUT/probe.txt
-PYTHONPATH=/tmp/trace timeout 120 python3 .devrun/bt_run.py 128x2048x32x8,64x4096x64x8,16x8192x32x8,32x8192x32x1,1x32768x32x8 > /tmp/logs/bt.txt 2>&1; echo "bt rc $?"
-python3 .devrun/bt_tab.py /tmp/logs/bt.txt | tee $OUT/bt.txt
+python3 benchmarks/results/nvidia-h200-20261127/decode-last-wave/probe_table.py /tmp/logs/probe.jsonl | tee $OUT/probe.txt
+PYTHONPATH=/tmp/trace timeout 120 python3 benchmarks/results/nvidia-h200-20261127/decode-last-wave/trace/bt_run.py 128x2048x32x8,64x4096x64x8,16x8192x32x8,32x8192x32x1,1x32768x32x8 > /tmp/logs/bt.txt 2>&1; echo "bt rc $?"
+python3 benchmarks/results/nvidia-h200-20261127/decode-last-wave/trace/bt_tab.py /tmp/logs/bt.txt | tee $OUT/bt.txt
 gzip -c /tmp/logs/bt.txt > $OUT/bt-raw.txt.gz
 tar czf $OUT/logs.tgz -C /tmp logs --exclude bt.txt

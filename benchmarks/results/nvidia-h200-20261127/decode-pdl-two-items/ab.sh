@@ -1,11 +1,12 @@
 #!/bin/bash
+# $TARBALLS: a folder with `git archive` tarballs of the trees compared (<name>.tgz). Run from the repository root.
 # A/B of main against decode-merge-two-items (br-2i) and decode-pdl (br-pdl): tests + sanitizers per branch, probe.
-# Tarballs: git archive <rev> | gzip > .devrun/<name>.tgz (base = main, br-2i, br-pdl). Run on an H200, then an H100.
-cd "$(dirname "$0")/.."
+# Tarballs: git archive <rev> | gzip > "$TARBALLS"/<name>.tgz (base = main, br-2i, br-pdl). Run on an H200, then an H100.
+cd "${REPO:-.}"  # the repository root
 mkdir -p /tmp/logs
 nvidia-smi --query-gpu=name --format=csv,noheader
 for n in base br-2i br-pdl; do
-  mkdir -p /tmp/src-$n && tar xzf .devrun/$n.tgz -C /tmp/src-$n
+  mkdir -p /tmp/src-$n && tar xzf "$TARBALLS"/$n.tgz -C /tmp/src-$n
   python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/$n -Cbuild-dir=/tmp/build-$n /tmp/src-$n -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 > /tmp/logs/build-$n.log 2>&1 &
 done
 wait
@@ -20,5 +21,5 @@ SH=1x2048x32x8,1x32768x32x8,16x8192x32x8,128x2048x32x8,32x8192x32x1,1x2048x64x8,
 for r in 1 2; do for n in base br-2i br-pdl; do
   test -d /tmp/$n/waveboost && PYTHONPATH=/tmp/$n timeout 60 python3 benchmarks/decode_probe.py --tag $n --impls wb_blhd,sdpa_cudnn --shapes $SH >> /tmp/logs/probe.jsonl 2>>/tmp/logs/probe-err.txt
 done; done
-python3 .devrun/ptab.py /tmp/logs/probe.jsonl | tee $OUT/probe.txt
+python3 benchmarks/results/nvidia-h200-20261127/decode-last-wave/probe_table.py /tmp/logs/probe.jsonl | tee $OUT/probe.txt
 tar czf $OUT/logs.tgz -C /tmp logs

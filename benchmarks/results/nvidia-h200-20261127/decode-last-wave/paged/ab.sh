@@ -1,10 +1,11 @@
 #!/bin/bash
+# $TARBALLS: a folder with `git archive` tarballs of the trees compared (<name>.tgz). Run from the repository root.
 # H200: main (9569424 rule) vs br-fill (hybrid): br-fill tests; dense plans of both; paged-16 probe A/B.
-cd "$(dirname "$0")/.."
+cd "${REPO:-.}"  # the repository root
 mkdir -p /tmp/logs
 nvidia-smi --query-gpu=name --format=csv,noheader
 for n in main br-fill; do
-  mkdir -p /tmp/src-$n && tar xzf .devrun/$n.tgz -C /tmp/src-$n
+  mkdir -p /tmp/src-$n && tar xzf "$TARBALLS"/$n.tgz -C /tmp/src-$n
   python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/$n -Cbuild-dir=/tmp/build-$n /tmp/src-$n -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 > /tmp/logs/build-$n.log 2>&1 &
 done
 wait
@@ -24,5 +25,5 @@ for r in 1 2; do for n in main br-fill; do
   PYTHONPATH=/tmp/$n timeout 100 python3 benchmarks/decode_probe.py --tag p16-$n --page-size 16 --impls wb_blhd --shapes $SP >> /tmp/logs/paged.jsonl 2>>/tmp/logs/probe-err.txt
 done; done
 tail -3 /tmp/logs/probe-err.txt
-python3 .devrun/ptab.py /tmp/logs/paged.jsonl | tee $OUT/paged.txt
+python3 benchmarks/results/nvidia-h200-20261127/decode-last-wave/probe_table.py /tmp/logs/paged.jsonl | tee $OUT/paged.txt
 cp /tmp/logs/*.jsonl /tmp/logs/pytest-br.txt $OUT/
