@@ -33,23 +33,4 @@ for r in $(seq "$rounds"); do
     PYTHONPATH=/tmp/ab-$tree-site python3 benchmarks/ab_time.py "$tree" "$@" >> "$out/ab.txt" || exit 1
   done
 done
-python3 - "$out/ab.txt" <<'PY'
-import math, statistics, sys
-times = {}
-for line in open(sys.argv[1]):
-    tree, *cell, ms = line.split()
-    times.setdefault((tree, tuple(cell)), []).append(float(ms))
-cells = sorted({c for _, c in times})
-med, best = [], []
-print("pass backend dtype D L causal | old ms | new ms (medians) | old / new | of the best rounds")
-for c in cells:
-    o, n = times.get(("old", c)), times.get(("new", c))
-    if o and n:
-        med.append(statistics.median(o) / statistics.median(n))
-        best.append(min(o) / min(n))
-        print(" ".join(c), f"| {statistics.median(o):.4f} | {statistics.median(n):.4f} | {med[-1]:.3f} | {best[-1]:.3f}")
-geo = lambda r: math.exp(sum(map(math.log, r)) / len(r))
-if med:
-    print(f"medians: geomean old / new {geo(med):.4f}, min {min(med):.3f}, max {max(med):.3f} over {len(med)} cells")
-    print(f"best rounds: geomean old / new {geo(best):.4f}, min {min(best):.3f}, max {max(best):.3f}")
-PY
+python3 benchmarks/ab_table.py "$out/ab.txt"

@@ -13,7 +13,7 @@ for r in 1 2; do
   WAVEBOOST_WGMMA_PERSISTENT=0 timeout 90 python3 benchmarks/ab_time.py off $A >> $OUT/ab.txt 2>>/tmp/logs/ab-err.txt
   WAVEBOOST_WGMMA_PERSISTENT=1 timeout 90 python3 benchmarks/ab_time.py persistent $A >> $OUT/ab.txt 2>>/tmp/logs/ab-err.txt
 done
-python3 "$(dirname "$0")/ab_table.py" $OUT/ab.txt
+python3 benchmarks/ab_table.py $OUT/ab.txt
 tail -3 /tmp/logs/ab-err.txt
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 (timeout 330 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_wgmma_pipeline.py tests/test_gpu.py tests/test_fp8_gpu.py > $OUT/pytest.txt 2>&1; echo "pytest rc $?" >> $OUT/pytest.txt) &
