@@ -24,6 +24,7 @@ import torch
 
 import waveboost
 from waveboost.bench.hardware import peak_bandwidth
+from waveboost.bench.impls import paged_cache
 
 from decode_bench import STEPS, _graph_step_us  # this script's folder
 
@@ -80,17 +81,11 @@ def main() -> None:
                 res["splits"] = waveboost.plan(q, usual[0][0], usual[0][1], backend="decode")["num_splits"]
             else:
                 res["page_size"] = args.page_size
-                per_seq = keys // args.page_size
-                if per_seq * args.page_size != keys:
+                if keys % args.page_size:
                     ap.error(f"--page-size {args.page_size} must divide the KV length {keys}")
-                table = torch.randperm(batch * per_seq, generator=gen, device="cuda").to(torch.int32).view(batch, per_seq)
-                index = table.view(-1).long()
-
-                def paged(t):
-                    pages = torch.empty(batch * per_seq, args.page_size, heads_kv, d, device="cuda", dtype=t.dtype)
-                    pages[index] = t.reshape(batch * per_seq, args.page_size, heads_kv, d)
-                    return pages
-                usual = [(paged(k), paged(v)) for k, v in usual]
+                paged = [paged_cache(k, v, args.page_size) for k, v in usual]  # one table (fixed seed) for all
+                usual, table = [(k, v) for k, v, _ in paged], paged[0][2]
+                del paged
             res["wb_blhd"] = _graph_step_us(torch, lambda i: waveboost.attention_with_kvcache(
                 q, *usual[i % copies], lengths, block_table=table, out=out))
             del usual

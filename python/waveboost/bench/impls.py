@@ -143,14 +143,14 @@ def _int32(values, like):
     return module("torch").tensor(list(values), dtype=module("torch").int32, device=like.device)
 
 
-def _paged(case, k, v, seed: int = 0):
-    """(k_pages, v_pages, block_table): the (batch, L, heads_kv, D) caches cut into pages of
-    case.page_size, placed at shuffled page ids (fixed seed)."""
+def paged_cache(k, v, page_size: int, seed: int = 0):
+    """(k_pages, v_pages, block_table): the (batch, L, heads_kv, D) caches (NumPy or torch; L a multiple of
+    page_size) cut into pages of page_size keys, placed at shuffled page ids (fixed seed)."""
     b, length, hkv, d = k.shape
-    per_seq = length // case.page_size
+    per_seq = length // page_size
     perm = np.random.default_rng(seed).permutation(b * per_seq)
     table = perm.reshape(b, per_seq)
-    shape = (b * per_seq, case.page_size, hkv, d)
+    shape = (b * per_seq, page_size, hkv, d)
     if _is_numpy(k):
         index = perm
     else:
@@ -237,7 +237,7 @@ def _waveboost_serving(wb, case, x, backend: str, clock: str) -> Prepared:
                                             causal=case.causal, out=out, backend=backend),
             to_bshd=lambda o: o.reshape(case.batch, case.lq, case.heads, case.head_dim), clock=clock)
     lengths = _int32(case.kv_lengths, x.k)
-    k, v, table = (x.k, x.v, None) if case.layout == "kvcache" else _paged(case, x.k, x.v)
+    k, v, table = (x.k, x.v, None) if case.layout == "kvcache" else paged_cache(x.k, x.v, case.page_size)
     return Prepared(run=lambda: wb.attention_with_kvcache(x.q, k, v, lengths, block_table=table, causal=case.causal,
                                                           out=out, backend=backend), clock=clock)
 
@@ -450,7 +450,7 @@ def _fa3_kvcache_prepare(case, x):
     q, k, v, _ = _jax_inputs(x)
     lengths = jax.numpy.asarray(case.kv_lengths, dtype=jax.numpy.int32)
     if case.layout == "paged":
-        kp, vp, table = _paged(case, x.k, x.v)
+        kp, vp, table = paged_cache(x.k, x.v, case.page_size)
         k, v = jax.dlpack.from_dlpack(kp), jax.dlpack.from_dlpack(vp)
         table = jax.dlpack.from_dlpack(table)
     else:
