@@ -137,3 +137,35 @@ def test_tma_pipeline_head_dim_128_short_causal_blocks():
     varlen = [([1000, 1, 0, 517], [1300, 200, 9, 0], True), ([1500, 3, 1200], [1500, 70, 1300], True),
               ([1000, 1, 0, 517], [1300, 200, 9, 0], False)]
     _check_block_heights(128, cases, varlen, seed=23)
+
+
+def test_persistent_kernel_blocks_take_several_items():
+    """Non-causal head dim 128 calls of at most 1024 keys run the persistent TMA kernel (at most one
+    wave of blocks, each taking every gridDim.x-th query block; WAVEBOOST_WGMMA_PERSISTENT=1 runs it
+    for every non-causal head dim 128 call, the child process below): grids of 2-8 query blocks per
+    block, partial last query blocks and key tiles, GQA and MQA, and negative scales (Q negated in
+    shared memory after its TMA load). Causal and head dim 64 cases beside them run the other form."""
+    d128 = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale
+        (4, 16, 4, 1000, 1000, False, None),  # 512 query blocks
+        (3, 20, 5, 777, 1024, False, -0.3),
+        (8, 16, 2, 300, 97, False, 0.2),
+        (2, 32, 1, 2500, 3100, False, 0.7),  # persistent only when forced
+        (4, 16, 4, 1000, 600, True, -0.3),  # rows 0-399 see no key
+    ]
+    d64 = [(2, 16, 2, 1500, 1500, False, -0.5), (3, 12, 3, 2900, 2500, True, None)]
+    _check_block_heights(128, d128, [], seed=29)
+    _check_block_heights(64, d64, [], seed=31)
+
+
+def test_persistent_and_one_block_per_item_forms_forced():
+    """The two forms of the TMA kernel, each forced for every call it can take in a child process
+    (WAVEBOOST_WGMMA_PERSISTENT is read once per process): 0, the one-block-per-query-block form
+    (which varlen batches and causal calls always run), on the dense wgmma reference tests and the
+    block-shape tests; 1, the persistent form, on the block-shape tests."""
+    from reference import pytest_in_child
+
+    pytest_in_child(os.path.join(HERE, "test_gpu.py"), "wgmma and matches_reference and not split",
+                    {"WAVEBOOST_WGMMA_PERSISTENT": "0"})
+    for forced in ("0", "1"):
+        pytest_in_child(__file__, "blocks_of_192 or short_causal or several_items or bigger_buffer",
+                        {"WAVEBOOST_WGMMA_PERSISTENT": forced})

@@ -84,6 +84,8 @@ struct FlashWgmmaWsTraits : FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_, kBlo
   // The e4m3 epilogue stages O (16-bit, twice the bytes of a V tile row) in the V ring.
   static_assert(!kTransposes || kStages * Base::kKVTileBytes >= 2 * Base::kBlockM * kHeadDim_, "O staging");
   static constexpr int kPanels = kHeadDim_ / Base::kPanelCols;
+  // The persistent kernel (16-bit): a second Q tile and its two barriers, and the first one's.
+  static constexpr int kPersistentSmemBytes = kSmemBytes + Base::kQTileBytes + 4 * 8;
 };
 
 namespace flash_wgmma_ws {
@@ -99,6 +101,12 @@ struct Ring {
   // kTransposes: V^T tile s written (the transposer threads) / read (one arrival per consumer warp).
   __device__ __forceinline__ uint32_t full_vt(int s) const { return barriers + 8 * (4 * Traits::kStages + s); }
   __device__ __forceinline__ uint32_t empty_vt(int s) const { return barriers + 8 * (5 * Traits::kStages + s); }
+  // The persistent kernel's two Q tiles: tile b loaded (the producer's arrival and the TMA's
+  // bytes) / free again (one arrival per consumer warp, once its output has left the tile).
+  __device__ __forceinline__ uint32_t full_q(int b) const { return barriers + 8 * (2 * Traits::kRings * Traits::kStages + b); }
+  __device__ __forceinline__ uint32_t empty_q(int b) const {
+    return barriers + 8 * (2 * Traits::kRings * Traits::kStages + 2 + b);
+  }
   // The barriers the products wait on and release for the values they read (V, or V^T).
   __device__ __forceinline__ uint32_t values_full(int s) const { return Traits::kTransposes ? full_vt(s) : full_v(s); }
   __device__ __forceinline__ uint32_t values_empty(int s) const {
@@ -143,23 +151,81 @@ __device__ __forceinline__ void transpose_values(uint32_t raw, uint32_t vt, int 
   }
 }
 
-// Producer: loads the tile of visit i (key tile tile_end - 1 - i) into buffer i % kStages
-// once the consumers have released that buffer's previous tile. The map's rows are the
+// The block's shared memory (dynamic, from smem_raw, rounded up to a swizzle atom): kQTiles Q
+// tiles (q_smem: the first), the K, V (and V^T) rings, their barriers (and with two Q tiles the Q
+// barriers), initialized by thread 0 and published by a block barrier, the last one the whole
+// block meets: the roles part after it.
+template <typename Traits, int kQTiles>
+__device__ __forceinline__ Ring<Traits> make_ring(unsigned char* smem_raw, unsigned char*& q_smem) {
+  static_assert(kQTiles == 1 || kQTiles == 2, "one Q tile, or two (the persistent kernel)");
+  constexpr int kStages = Traits::kStages;
+  const uint32_t raw_address = mma::shared_address(smem_raw);
+  const uint32_t align_pad = (Traits::kAtomBytes - raw_address % Traits::kAtomBytes) % Traits::kAtomBytes;
+  q_smem = smem_raw + align_pad;
+  Ring<Traits> ring;
+  ring.q_tile = raw_address + align_pad;
+  ring.k_tile = ring.q_tile + kQTiles * Traits::kQTileBytes;
+  ring.v_tile = ring.k_tile + kStages * Traits::kKVTileBytes;
+  ring.vt_tile = ring.v_tile + kStages * Traits::kKVTileBytes;
+  ring.barriers = ring.v_tile + (Traits::kRings - 1) * kStages * Traits::kKVTileBytes;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      tma::barrier_init(ring.full_k(s), 1);
+      tma::barrier_init(ring.full_v(s), 1);
+      tma::barrier_init(ring.empty_k(s), Traits::kConsumerWarps);
+      // V is read by the products, or with kTransposes by the transposer threads.
+      tma::barrier_init(ring.empty_v(s), Traits::kTransposes ? Traits::kTransposerThreads : Traits::kConsumerWarps);
+      if constexpr (Traits::kTransposes) {
+        tma::barrier_init(ring.full_vt(s), Traits::kTransposerThreads);
+        tma::barrier_init(ring.empty_vt(s), Traits::kConsumerWarps);
+      }
+    }
+    if constexpr (kQTiles == 2) {
+      for (int b = 0; b < 2; ++b) {
+        tma::barrier_init(ring.full_q(b), 1);
+        tma::barrier_init(ring.empty_q(b), Traits::kConsumerWarps);
+      }
+    }
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+  return ring;
+}
+
+// Producer: loads key tile `key_tile` of the block into the ring's visit `slot` (buffer slot %
+// kStages) once the consumers have released that buffer's previous tile. The map's rows are the
 // sequence's keys from its packed start (k_start: 0 unless varlen) of batch k_batch.
 template <typename Traits>
 __device__ __forceinline__ void produce_tile(const CUtensorMap* map, uint32_t tiles, uint32_t full, uint32_t empty,
-                                             int i, int tile_end, const FlashBlock& blk) {
-  const int stage = i % Traits::kStages;
-  const uint32_t phase = (i / Traits::kStages) & 1;
+                                             uint32_t slot, int key_tile, const FlashBlock& blk) {
+  const int stage = static_cast<int>(slot % Traits::kStages);
+  const uint32_t phase = (slot / Traits::kStages) & 1;
   tma::wait(empty + 8 * stage, phase ^ 1);
   tma::arrive_expect_tx(full + 8 * stage, Traits::kKVTileBytes);
-  const int row = static_cast<int>(blk.k_start) + (tile_end - 1 - i) * Traits::kBlockN;
+  const int row = static_cast<int>(blk.k_start) + key_tile * Traits::kBlockN;
   const uint32_t dst = tiles + stage * Traits::kKVTileBytes;
 #pragma unroll
   for (int panel = 0; panel < Traits::kPanels; ++panel) {
     tma::load_4d(dst + panel * Traits::kBlockN * Traits::kRowBytes, map, full + 8 * stage, panel * Traits::kPanelCols,
                  row, static_cast<int>(blk.h_kv), static_cast<int>(blk.k_batch));
   }
+}
+
+// Producer: the K and V tiles of one block, visits visit0 .. visit0 + n - 1 of the ring in the
+// order the consumers read them (K(0), then K(i), V(i-1), ..., V(n-1)); key tiles last to first.
+template <typename Traits>
+__device__ __forceinline__ void produce_block(const CUtensorMap* k_map, const CUtensorMap* v_map, const Ring<Traits>& ring,
+                                              uint32_t visit0, int n_visits, const FlashBlock& blk) {
+  const int tile_end = blk.n_tiles;
+  const uint32_t full_k = ring.full_k(0), empty_k = ring.empty_k(0);
+  const uint32_t full_v = ring.full_v(0), empty_v = ring.empty_v(0);
+  produce_tile<Traits>(k_map, ring.k_tile, full_k, empty_k, visit0, tile_end - 1, blk);
+  for (int i = 1; i < n_visits; ++i) {
+    produce_tile<Traits>(k_map, ring.k_tile, full_k, empty_k, visit0 + i, tile_end - 1 - i, blk);
+    produce_tile<Traits>(v_map, ring.v_tile, full_v, empty_v, visit0 + i - 1, tile_end - i, blk);
+  }
+  produce_tile<Traits>(v_map, ring.v_tile, full_v, empty_v, visit0 + n_visits - 1, tile_end - n_visits, blk);
 }
 
 // Zeros rows [first_row, kBlockN) of a V tile (every 64-column panel; a row is 128 B of a panel
@@ -180,90 +246,27 @@ __device__ __forceinline__ void zero_rows_past(uint32_t tile, int first_row) {
   tma::named_barrier_sync(2, Traits::kConsumerThreads);
 }
 
-template <typename Traits, typename Mask, bool kSequences>
-__device__ __forceinline__ void attend_block(const AttentionParams& p, const CUtensorMap* k_map,
-                                             const CUtensorMap* v_map) {
-  static_assert(!(Traits::kTransposes && kSequences), "e4m3 runs dense batches");
-  using Element = typename Traits::Element;
+// The consumers' work on one block: its key tiles as the ring's visits visit0 .., n_tiles of them,
+// then its output (kReleaseLastValues: releasing the last V tile's buffer, which the ring
+// reuses). Q lies at q_tile (q_smem) once load_q(negate_q) returns, which runs only for a
+// block with key tiles and leaves the Q tile visible to wgmma and, where negate_q, negated (a
+// negative softmax_scale, core/softmax.cuh). O is staged in the warp's own Q rows.
+template <typename Traits, typename Mask, bool kSequences, bool kReleaseLastValues = false, typename LoadQ>
+__device__ __forceinline__ void consume_block(const AttentionParams& p, FlashBlock& blk, const Ring<Traits>& ring,
+                                              uint32_t q_tile, unsigned char* q_smem, uint32_t visit0, LoadQ load_q) {
   using Softmax = OnlineSoftmax<typename Traits::ScoreFragments>;
-  constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kRowBytes = Traits::kRowBytes;
   constexpr int kStages = Traits::kStages;
-
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  const uint32_t raw_address = mma::shared_address(smem_raw);
-  const uint32_t align_pad = (Traits::kAtomBytes - raw_address % Traits::kAtomBytes) % Traits::kAtomBytes;
-  unsigned char* const q_smem = smem_raw + align_pad;
-  Ring<Traits> ring;
-  ring.q_tile = raw_address + align_pad;
-  ring.k_tile = ring.q_tile + Traits::kQTileBytes;
-  ring.v_tile = ring.k_tile + kStages * Traits::kKVTileBytes;
-  ring.vt_tile = ring.v_tile + kStages * Traits::kKVTileBytes;
-  ring.barriers = ring.v_tile + (Traits::kRings - 1) * kStages * Traits::kKVTileBytes;
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      tma::barrier_init(ring.full_k(s), 1);
-      tma::barrier_init(ring.full_v(s), 1);
-      tma::barrier_init(ring.empty_k(s), Traits::kConsumerWarps);
-      // V is read by the products, or with kTransposes by the transposer threads.
-      tma::barrier_init(ring.empty_v(s), Traits::kTransposes ? Traits::kTransposerThreads : Traits::kConsumerWarps);
-      if constexpr (Traits::kTransposes) {
-        tma::barrier_init(ring.full_vt(s), Traits::kTransposerThreads);
-        tma::barrier_init(ring.empty_vt(s), Traits::kConsumerWarps);
-      }
-    }
-    tma::fence_barrier_init();
-  }
-  __syncthreads();  // the last barrier of the whole block: the roles part here
-
-  FlashBlock blk;
-  if (!locate_flash_block<Mask, kSequences>(p, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
   const int tile_end = blk.n_tiles;
   const int n_visits = tile_end;
-
   const int warpgroup = threadIdx.x / 128;
-  if (warpgroup == Traits::kWarpgroups) {  // the producer
-    tma::registers_shrink<Traits::kProducerRegisters>();
-    if (threadIdx.x == Traits::kConsumerThreads && n_visits > 0) {
-      tma::prefetch_map(k_map);
-      tma::prefetch_map(v_map);
-      const uint32_t full_k = ring.full_k(0), empty_k = ring.empty_k(0);
-      const uint32_t full_v = ring.full_v(0), empty_v = ring.empty_v(0);
-      produce_tile<Traits>(k_map, ring.k_tile, full_k, empty_k, 0, tile_end, blk);
-      for (int i = 1; i < n_visits; ++i) {
-        produce_tile<Traits>(k_map, ring.k_tile, full_k, empty_k, i, tile_end, blk);
-        produce_tile<Traits>(v_map, ring.v_tile, full_v, empty_v, i - 1, tile_end, blk);
-      }
-      produce_tile<Traits>(v_map, ring.v_tile, full_v, empty_v, n_visits - 1, tile_end, blk);
-    }
-    if constexpr (Traits::kTransposes) {
-      const int producer_warp = (threadIdx.x - Traits::kConsumerThreads) / 32;
-      if (producer_warp >= 1) {
-        for (int i = 0; i < n_visits; ++i) {
-          const int stage = i % kStages;
-          const uint32_t phase = (i / kStages) & 1;
-          tma::wait(ring.full_v(stage), phase);        // V(i) landed
-          tma::wait(ring.empty_vt(stage), phase ^ 1);  // P(i - kStages) V(i - kStages) has read the V^T buffer
-          transpose_values<Traits>(ring.v_tile + stage * Traits::kKVTileBytes,
-                                   ring.vt_tile + stage * Traits::kKVTileBytes, producer_warp - 1, threadIdx.x % 32);
-          wgmma::fence_proxy_async();  // this thread's V^T writes, visible to the products that wait below
-          tma::arrive(ring.full_vt(stage));
-          tma::arrive(ring.empty_v(stage));
-        }
-      }
-    }
-    return;
-  }
-  tma::registers_grow<Traits::kConsumerRegisters>();
 
   const Mask mask = Mask::of(blk);
   const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const Element* q = blk.q_rows<Element>(p);
 
   const int warp_row = warpgroup * Traits::kRowsPerWarpgroup + warp * 16;  // within the block
   const int64_t warp_m0 = blk.m0 + warp_row;
@@ -289,16 +292,10 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
   const bool negate_q = scale < 0;
 
   if (n_visits > 0) {  // otherwise every row sees no key: the epilogue writes zeros
-    // Q by the consumers (threads 0 .. kConsumerThreads - 1, the wgmma kernel's copy pattern).
-    flash_wgmma::load_tile<Traits, kBlockM, true>(ring.q_tile, q, p.q_row_stride, blk.rows);
-    mma::commit_copies();
-    mma::wait_copies<0>();
-    if (negate_q) flash_wgmma::negate_own_q_chunks<Traits>(q_smem);
-    wgmma::fence_proxy_async();
-    tma::named_barrier_sync(1, Traits::kConsumerThreads);
+    load_q(negate_q);
 
     const uint64_t q_desc =
-        wgmma::descriptor_128b(ring.q_tile + warpgroup * Traits::kRowsPerWarpgroup * kRowBytes, 16, 8 * kRowBytes);
+        wgmma::descriptor_128b(q_tile + warpgroup * Traits::kRowsPerWarpgroup * kRowBytes, 16, 8 * kRowBytes);
     const uint64_t k_desc = wgmma::descriptor_128b(ring.k_tile, 16, 8 * kRowBytes);
     // V: MN-major, 64-column panels kBlockN rows apart; V^T (kTransposes): K-major like K.
     const uint64_t v_desc = Traits::kTransposes ? wgmma::descriptor_128b(ring.vt_tile, 16, 8 * kRowBytes)
@@ -315,11 +312,11 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
       constexpr bool kMasked = decltype(masked)::value;
       constexpr bool kFirst = decltype(first)::value;
       const int64_t n0 = static_cast<int64_t>(tile_end - 1 - i) * kBlockN;
-      const int stage = i % kStages;
-      const int prev_stage = (i + kStages - 1) % kStages;
+      const int stage = static_cast<int>((visit0 + i) % kStages);
+      const int prev_stage = static_cast<int>((visit0 + i + kStages - 1) % kStages);
 
-      tma::wait(ring.full_k(stage), (i / kStages) & 1);
-      if constexpr (!kFirst) tma::wait(ring.values_full(prev_stage), ((i - 1) / kStages) & 1);
+      tma::wait(ring.full_k(stage), ((visit0 + i) / kStages) & 1);
+      if constexpr (!kFirst) tma::wait(ring.values_full(prev_stage), ((visit0 + i - 1) / kStages) & 1);
 
       flash_wgmma::attend_tile<Traits, kMasked, kFirst>(
           o, p_prev, softmax, mask, q_desc, wgmma::advance(k_desc, stage * Traits::kKVTileBytes),
@@ -337,8 +334,9 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
     // loop bodies of every sequence-layout block (benchmarks/NOTES.md, "Varlen"). Its first reader
     // (visit 1, or the last product when there is one visit) waits for V(0) anyway.
     if (zero_first_values) {
-      tma::wait(ring.full_v(0), 0);
-      zero_rows_past<Traits>(ring.v_tile, first_tile_keys);
+      const int stage = static_cast<int>(visit0 % kStages);
+      tma::wait(ring.full_v(stage), (visit0 / kStages) & 1);
+      zero_rows_past<Traits>(ring.v_tile + stage * Traits::kKVTileBytes, first_tile_keys);
     }
     int i = 1;
     const int n_masked = min(n_visits, tile_end - blk.n_unmasked);  // visits of tiles >= n_unmasked
@@ -346,9 +344,13 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
     for (; i < n_visits; ++i) attend_key_tile(i, std::false_type{}, std::false_type{});
 
     // The last product, P(n-1) V(n-1).
-    const int last_stage = (n_visits - 1) % kStages;
-    tma::wait(ring.values_full(last_stage), ((n_visits - 1) / kStages) & 1);
+    const int last_stage = static_cast<int>((visit0 + n_visits - 1) % kStages);
+    tma::wait(ring.values_full(last_stage), ((visit0 + n_visits - 1) / kStages) & 1);
     flash_wgmma::attend_last_values<Traits>(o, p_prev, wgmma::advance(v_desc, last_stage * Traits::kKVTileBytes));
+    // The ring runs on into the next block's tiles (the persistent kernel): V(n-1)'s buffer is free.
+    if constexpr (kReleaseLastValues) {
+      if (lane == 0) tma::arrive(ring.values_empty(last_stage));
+    }
   }
 
   float inv_sum[Softmax::kRows];
@@ -359,7 +361,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
     // products waited for the last V^T), and no copy into the ring is pending.
 #pragma unroll
     for (int r = 0; r < Softmax::kRows; ++r) inv_sum[r] *= v_descale;
-    unsigned char* const staging = q_smem + (ring.v_tile - ring.q_tile);
+    unsigned char* const staging = q_smem + (ring.v_tile - q_tile);
     if (p.out_dtype == DType::kFloat16) {
       flash_wgmma::write_block_output<Traits, __half>(p, blk, o, inv_sum, softmax, staging, warp_row, warp_m0, lane);
     } else {
@@ -368,6 +370,146 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
     }
   } else {
     flash_wgmma::write_block_output<Traits>(p, blk, o, inv_sum, softmax, q_smem, warp_row, warp_m0, lane);
+  }
+}
+
+template <typename Traits, typename Mask, bool kSequences>
+__device__ __forceinline__ void attend_block(const AttentionParams& p, const CUtensorMap* k_map,
+                                             const CUtensorMap* v_map) {
+  static_assert(!(Traits::kTransposes && kSequences), "e4m3 runs dense batches");
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kStages = Traits::kStages;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* q_smem;
+  const Ring<Traits> ring = make_ring<Traits, 1>(smem_raw, q_smem);
+
+  FlashBlock blk;
+  if (!locate_flash_block<Mask, kSequences>(p, blockIdx.x, gridDim.x, kBlockM, kBlockN, blk)) return;
+  const int tile_end = blk.n_tiles;
+  const int n_visits = tile_end;
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == Traits::kWarpgroups) {  // the producer
+    tma::registers_shrink<Traits::kProducerRegisters>();
+    if (threadIdx.x == Traits::kConsumerThreads && n_visits > 0) {
+      tma::prefetch_map(k_map);
+      tma::prefetch_map(v_map);
+      produce_block<Traits>(k_map, v_map, ring, 0u, n_visits, blk);
+    }
+    if constexpr (Traits::kTransposes) {
+      const int producer_warp = (threadIdx.x - Traits::kConsumerThreads) / 32;
+      if (producer_warp >= 1) {
+        for (int i = 0; i < n_visits; ++i) {
+          const int stage = i % kStages;
+          const uint32_t phase = (i / kStages) & 1;
+          tma::wait(ring.full_v(stage), phase);        // V(i) landed
+          tma::wait(ring.empty_vt(stage), phase ^ 1);  // P(i - kStages) V(i - kStages) has read the V^T buffer
+          transpose_values<Traits>(ring.v_tile + stage * Traits::kKVTileBytes,
+                                   ring.vt_tile + stage * Traits::kKVTileBytes, producer_warp - 1, threadIdx.x % 32);
+          wgmma::fence_proxy_async();  // this thread's V^T writes, visible to the products that wait below
+          tma::arrive(ring.full_vt(stage));
+          tma::arrive(ring.empty_v(stage));
+        }
+      }
+    }
+    return;
+  }
+  tma::registers_grow<Traits::kConsumerRegisters>();
+  consume_block<Traits, Mask, kSequences>(p, blk, ring, ring.q_tile, q_smem, 0u, [&](bool negate_q) {
+    // Q by the consumers (threads 0 .. kConsumerThreads - 1, the wgmma kernel's copy pattern).
+    flash_wgmma::load_tile<Traits, Traits::kBlockM, true>(ring.q_tile, blk.q_rows<typename Traits::Element>(p),
+                                                         p.q_row_stride, blk.rows);
+    mma::commit_copies();
+    mma::wait_copies<0>();
+    if (negate_q) flash_wgmma::negate_own_q_chunks<Traits>(q_smem);
+    wgmma::fence_proxy_async();
+    tma::named_barrier_sync(1, Traits::kConsumerThreads);
+  });
+}
+
+
+// The persistent kernel (dense 16-bit batches): a grid of at most one wave of blocks, each taking
+// the work items blockIdx.x, blockIdx.x + gridDim.x, ... (core/schedule.cuh, persistent_tile: the
+// blocks the one-block-per-item grid would have run, in its launch order). The producer loads each
+// item's Q tile by TMA into one of two Q tiles, then its K and V tiles into the ring, whose visits
+// run on from item to item; so the next item's Q and first K/V tiles land while the consumers
+// finish the current one (its last P V product and its output), and no block starts or ends
+// between items. A Q tile is free again once every consumer warp has staged and stored its output
+// rows through it. Non-causal head dim 128 calls of at most kWgmmaWsPersistentMaxKeys keys run it
+// (wgmma_ws_persistent).
+template <typename Traits, typename Mask>
+__device__ __forceinline__ void attend_items(const AttentionParams& p, const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                             const CUtensorMap* v_map) {
+  static_assert(!Traits::kTransposes, "the e4m3 kernel is not persistent");
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* q_smem;
+  const Ring<Traits> ring = make_ring<Traits, 2>(smem_raw, q_smem);
+
+  const int64_t m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int64_t items = m_blocks * p.batch * p.heads;
+  // The ring's visits so far, and the items so far (item q_uses takes Q tile q_uses % 2; one whose
+  // rows see no key gets the tile without a load, to stage its zeros in): only their residues mod 4
+  // matter (stage and phase), so they may wrap.
+  uint32_t visit0 = 0;
+  uint32_t q_uses = 0;
+  if (threadIdx.x / 128 == Traits::kWarpgroups) {  // the producer
+    tma::registers_shrink<Traits::kProducerRegisters>();
+    if (threadIdx.x != Traits::kConsumerThreads) return;
+    tma::prefetch_map(q_map);
+    tma::prefetch_map(k_map);
+    tma::prefetch_map(v_map);
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+      FlashBlock blk;
+      locate_flash_item<Mask>(p, item, m_blocks, kBlockM, kBlockN, blk);
+      const int n_visits = blk.n_tiles;
+      const int b = static_cast<int>(q_uses % 2);
+      tma::wait(ring.empty_q(b), ((q_uses / 2) & 1) ^ 1);
+      ++q_uses;
+      if (n_visits == 0) {  // rows that see no key: the consumers stage zeros in the tile
+        tma::arrive(ring.full_q(b));
+        continue;
+      }
+      tma::arrive_expect_tx(ring.full_q(b), Traits::kQTileBytes);
+      const uint32_t q_tile = ring.q_tile + b * Traits::kQTileBytes;
+#pragma unroll
+      for (int panel = 0; panel < Traits::kPanels; ++panel) {
+        tma::load_4d(q_tile + panel * kBlockM * Traits::kRowBytes, q_map, ring.full_q(b), panel * Traits::kPanelCols,
+                     static_cast<int>(blk.m0), static_cast<int>(blk.h), static_cast<int>(blk.b));
+      }
+      produce_block<Traits>(k_map, v_map, ring, visit0, n_visits, blk);
+      visit0 += n_visits;
+    }
+    return;
+  }
+  tma::registers_grow<Traits::kConsumerRegisters>();
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    FlashBlock blk;
+    locate_flash_item<Mask>(p, item, m_blocks, kBlockM, kBlockN, blk);
+    const int n_visits = blk.n_tiles;
+    const int b = static_cast<int>(q_uses % 2);
+    const uint32_t q_parity = (q_uses / 2) & 1;
+    const uint32_t q_tile = ring.q_tile + b * Traits::kQTileBytes;
+    unsigned char* const q_bytes = q_smem + b * Traits::kQTileBytes;
+    if (n_visits == 0) tma::wait(ring.full_q(b), q_parity);  // the tile is this item's to stage zeros in
+    consume_block<Traits, Mask, false, true>(p, blk, ring, q_tile, q_bytes, visit0, [&](bool negate_q) {
+      tma::wait(ring.full_q(b), q_parity);
+      if (negate_q) {
+        flash_wgmma::negate_own_q_chunks<Traits>(q_bytes);
+        wgmma::fence_proxy_async();
+        tma::named_barrier_sync(1, Traits::kConsumerThreads);
+      }
+    });
+    // The warp's output rows have left the Q tile; its staging writes are ordered before the
+    // producer's next TMA load into the tile (another proxy).
+    wgmma::fence_proxy_async();
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) tma::arrive(ring.empty_q(b));
+    visit0 += n_visits;
+    ++q_uses;
   }
 }
 
@@ -440,6 +582,34 @@ __global__ void __launch_bounds__(
                                CausalMask<kCausal>, kSequences>(p, &k_map, &v_map);
 }
 
+/// \brief The persistent form (flash_wgmma_ws::attend_items) of the kernel above, dense 16-bit batches:
+/// a 1-D grid of at most kBlocksPerSM blocks per SM.
+template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, int kBlockN, bool kCausal>
+__global__ void __launch_bounds__(
+    FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>::kBlockThreads, kBlocksPerSM)
+    flash_wgmma_ws_persistent_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap q_map,
+                                     const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
+  flash_wgmma_ws::attend_items<FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>,
+                               CausalMask<kCausal>>(p, &q_map, &k_map, &v_map);
+}
+
+/// \brief Whether a dense 16-bit call of the 128 x 128 blocks (head dim 128) runs the persistent
+/// kernel: non-causal calls of at most kWgmmaWsPersistentMaxKeys keys, where a block's start and end
+/// (Q load, first K/V tiles, output) weigh most against its few key tiles. H100, bf16, FA2 grid, over
+/// one block per query block: 1.12x at 512 and 1024 keys, 0.89x at 4096 (benchmarks/NOTES.md,
+/// "The persistent wgmma forward"); causal calls lost 0.67-0.92x on its static order, so no causal
+/// persistent kernel is built. WAVEBOOST_WGMMA_PERSISTENT=0 or 1 (read once per process) decides for
+/// every non-causal call of that shape, to measure the rule.
+constexpr int64_t kWgmmaWsPersistentMaxKeys = 1024;
+inline bool wgmma_ws_persistent(const AttentionParams& p) {
+  static const int forced = [] {
+    const char* v = std::getenv("WAVEBOOST_WGMMA_PERSISTENT");
+    return v == nullptr ? -1 : (std::atoi(v) != 0 ? 1 : 0);
+  }();
+  if (p.is_causal || p.head_dim != 128) return false;
+  return forced >= 0 ? forced == 1 : p.seqlen_k <= kWgmmaWsPersistentMaxKeys;
+}
+
 /// \brief Whether the warp-specialized kernel takes a call's layout: keys, contiguous K/V (dense,
 /// varlen with its packed extent p.total_k known, seqused_k), key indices in int.
 inline bool wgmma_ws_takes(const AttentionParams& p) {
@@ -473,6 +643,24 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
     } else if (sequences) {
       kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true, true>
                            : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false, true>;
+    }
+  }
+  if constexpr (!Traits::kTransposes && !kCausalOnly && kHeadDim == 128 && kBlockM == kWgmmaBlockM) {
+    if (!sequences && wgmma_ws_persistent(p)) {
+      CUtensorMap q_map{};
+      if (tma::encode_rows_map(&q_map, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
+                               p.q_head_stride, p.q_batch_stride, Traits::kBlockM)) {
+        const auto persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false>;
+        int sms = 0;
+        WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_id));
+        const int64_t items = g.x * p.batch * p.heads;
+        const int64_t slots = int64_t{sms} * kBlocksPerSM;
+        WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(persistent, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   Traits::kPersistentSmemBytes));
+        persistent<<<static_cast<unsigned>(items < slots ? items : slots), Traits::kBlockThreads,
+                     Traits::kPersistentSmemBytes, stream>>>(p, q_map, k_map, v_map);
+        return cuda_status(cudaGetLastError(), "flash_wgmma_ws_persistent_kernel launch");
+      }
     }
   }
   WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));

@@ -109,6 +109,19 @@ __device__ __forceinline__ bool locate_flash_block(const AttentionParams& p, int
   return true;
 }
 
+/// \brief As above for work item `item` of a persistent grid (core/schedule.cuh, persistent_tile):
+/// the block the one-block-per-item grid would have run at that launch position.
+template <typename Mask, bool kSequences = false>
+__device__ __forceinline__ bool locate_flash_item(const AttentionParams& p, int64_t item, int64_t m_blocks,
+                                                  int64_t block_m, int64_t block_n, FlashBlock& blk) {
+  const GridTile at = persistent_tile(item, m_blocks, p.batch * p.heads, Mask::kLongestFirst);
+  if (!locate_query_block_at<kSequences>(p, Mask::kLongestFirst, at, m_blocks, block_m, blk)) return false;
+  const KeyTileRange tiles = Mask::of(blk).tiles(blk.m0, blk.rows, block_n);
+  blk.n_tiles = tiles.end;
+  blk.n_unmasked = tiles.unmasked;
+  return true;
+}
+
 /// \brief As above with the causal flag at run time (the wmma path).
 __device__ __forceinline__ bool locate_flash_block(const AttentionParams& p, bool causal, int64_t m_index,
                                                    int64_t m_blocks, int64_t block_m, int64_t block_n,

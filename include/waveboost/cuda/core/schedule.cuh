@@ -25,21 +25,33 @@ struct GridTile {
   int64_t head;  // the grid's head index: blockIdx.z * gridDim.y + blockIdx.y before reordering
 };
 
-/// \brief The (tile, head) of launch position (tile_index, this block's y and z) in a grid of
-/// `tiles` tiles per head, heads folded over gridDim.y and gridDim.z. heavy_first == false: the
-/// grid's own order, head by head. Otherwise the last heads, enough for kTailWaves blocks per SM,
-/// tile by tile (see above). A bijection over the grid either way.
-__device__ __forceinline__ GridTile grid_tile(int64_t tile_index, int64_t tiles, bool heavy_first) {
-  const int64_t head = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
+/// \brief The (tile, head) of launch position (tile_index, head) in a grid of `tiles` tiles per
+/// head and `heads` heads. heavy_first == false: the grid's own order, head by head. Otherwise the
+/// last heads, enough for kTailWaves blocks per SM, tile by tile (see above). A bijection over the
+/// grid either way.
+__device__ __forceinline__ GridTile grid_tile_at(int64_t tile_index, int64_t head, int64_t heads, int64_t tiles,
+                                                 bool heavy_first) {
   if (!heavy_first || tiles <= 1) return {tile_index, head};
   uint32_t sms;
   asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-  const int64_t heads = static_cast<int64_t>(gridDim.y) * gridDim.z;
   const int64_t tail = min(heads, (int64_t{kTailWaves} * sms + tiles - 1) / tiles);
   const int64_t first = heads - tail;  // the tail's first head
   if (head < first) return {tile_index, head};
   const int64_t rest = (head - first) * tiles + tile_index;  // position within the tail
   return {rest / tail, first + rest % tail};
+}
+
+/// \brief grid_tile_at for this block: tile_index along x, heads folded over gridDim.y and gridDim.z.
+__device__ __forceinline__ GridTile grid_tile(int64_t tile_index, int64_t tiles, bool heavy_first) {
+  const int64_t head = static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y;
+  return grid_tile_at(tile_index, head, static_cast<int64_t>(gridDim.y) * gridDim.z, tiles, heavy_first);
+}
+
+/// \brief A persistent grid's work item `item` (blocks take items blockIdx.x, blockIdx.x +
+/// gridDim.x, ...) as the launch position of the one-block-per-item grid it replaces: tiles of a head
+/// along x, heads one after another, as the hardware hands out that grid's blocks.
+__device__ __forceinline__ GridTile persistent_tile(int64_t item, int64_t tiles, int64_t heads, bool heavy_first) {
+  return grid_tile_at(item % tiles, item / tiles, heads, tiles, heavy_first);
 }
 
 }  // namespace waveboost::cuda

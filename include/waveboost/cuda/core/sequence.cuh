@@ -156,8 +156,9 @@ struct FlashBlock {
   }
 };
 
-/// \brief Locates query block m_index (of m_blocks, in launch order) of blocks of block_m rows:
-/// batch * heads is folded over gridDim.y and gridDim.z (each capped at 65535). Fills every
+/// \brief Locates the query block at launch position `at` (its tile: query block at.tile of
+/// m_blocks in launch order; its head: at.head of batch * heads, which a grid folds over gridDim.y
+/// and gridDim.z, each capped at 65535) of blocks of block_m rows. Fills every
 /// field but the key tiles (the mask's business, core/mask.cuh). false: a padding block past
 /// batch * heads, or a block past its sequence's query rows (the grid covers the longest
 /// sequence, p.seqlen_q, as FlashAttention-2's varlen grid does). longest_first: query blocks
@@ -166,10 +167,9 @@ struct FlashBlock {
 /// sequence layout (varlen, seqused_k, paged); without it the layout is dense at compile time,
 /// and every offset the layout adds folds away.
 template <bool kSequences>
-__device__ __forceinline__ bool locate_query_block(const AttentionParams& p, bool longest_first, int64_t m_index,
-                                                   int64_t m_blocks, int64_t block_m, FlashBlock& blk) {
-  const GridTile at = grid_tile(m_index, m_blocks, longest_first);
-  m_index = at.tile;
+__device__ __forceinline__ bool locate_query_block_at(const AttentionParams& p, bool longest_first, GridTile at,
+                                                      int64_t m_blocks, int64_t block_m, FlashBlock& blk) {
+  const int64_t m_index = at.tile;
   const int64_t bh = at.head;
   if (bh >= p.batch * p.heads) return false;
   blk.b = bh / p.heads;
@@ -185,6 +185,14 @@ __device__ __forceinline__ bool locate_query_block(const AttentionParams& p, boo
   blk.m0 = (longest_first ? m_blocks - 1 - m_index : m_index) * block_m;
   blk.rows = min(block_m, blk.seqlen_q - blk.m0);
   return !kSequences || blk.rows > 0;
+}
+
+/// \brief locate_query_block_at for launch position (m_index, this block's y and z) of the grid.
+template <bool kSequences>
+__device__ __forceinline__ bool locate_query_block(const AttentionParams& p, bool longest_first, int64_t m_index,
+                                                   int64_t m_blocks, int64_t block_m, FlashBlock& blk) {
+  return locate_query_block_at<kSequences>(p, longest_first, grid_tile(m_index, m_blocks, longest_first), m_blocks,
+                                           block_m, blk);
 }
 
 }  // namespace waveboost::cuda
