@@ -103,7 +103,9 @@ struct Ring {
   __device__ __forceinline__ uint32_t empty_vt(int s) const { return barriers + 8 * (5 * Traits::kStages + s); }
   // The persistent kernel's two Q tiles: tile b loaded (the producer's arrival and the TMA's
   // bytes) / free again (one arrival per consumer warp, once its output has left the tile).
-  __device__ __forceinline__ uint32_t full_q(int b) const { return barriers + 8 * (2 * Traits::kRings * Traits::kStages + b); }
+  __device__ __forceinline__ uint32_t full_q(int b) const {
+    return barriers + 8 * (2 * Traits::kRings * Traits::kStages + b);
+  }
   __device__ __forceinline__ uint32_t empty_q(int b) const {
     return barriers + 8 * (2 * Traits::kRings * Traits::kStages + 2 + b);
   }
@@ -215,8 +217,9 @@ __device__ __forceinline__ void produce_tile(const CUtensorMap* map, uint32_t ti
 // Producer: the K and V tiles of one block, visits visit0 .. visit0 + n - 1 of the ring in the
 // order the consumers read them (K(0), then K(i), V(i-1), ..., V(n-1)); key tiles last to first.
 template <typename Traits>
-__device__ __forceinline__ void produce_block(const CUtensorMap* k_map, const CUtensorMap* v_map, const Ring<Traits>& ring,
-                                              uint32_t visit0, int n_visits, const FlashBlock& blk) {
+__device__ __forceinline__ void produce_block(const CUtensorMap* k_map, const CUtensorMap* v_map,
+                                              const Ring<Traits>& ring, uint32_t visit0, int n_visits,
+                                              const FlashBlock& blk) {
   const int tile_end = blk.n_tiles;
   const uint32_t full_k = ring.full_k(0), empty_k = ring.empty_k(0);
   const uint32_t full_v = ring.full_v(0), empty_v = ring.empty_v(0);
@@ -440,8 +443,8 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
 // rows through it. Non-causal head dim 128 calls of at most kWgmmaWsPersistentMaxKeys keys run it
 // (wgmma_ws_persistent).
 template <typename Traits, typename Mask>
-__device__ __forceinline__ void attend_items(const AttentionParams& p, const CUtensorMap* q_map, const CUtensorMap* k_map,
-                                             const CUtensorMap* v_map) {
+__device__ __forceinline__ void attend_items(const AttentionParams& p, const CUtensorMap* q_map,
+                                             const CUtensorMap* k_map, const CUtensorMap* v_map) {
   static_assert(!Traits::kTransposes, "the e4m3 kernel is not persistent");
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -587,8 +590,10 @@ __global__ void __launch_bounds__(
 template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, int kBlockN, bool kCausal>
 __global__ void __launch_bounds__(
     FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>::kBlockThreads, kBlocksPerSM)
-    flash_wgmma_ws_persistent_kernel(const __grid_constant__ AttentionParams p, const __grid_constant__ CUtensorMap q_map,
-                                     const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
+    flash_wgmma_ws_persistent_kernel(const __grid_constant__ AttentionParams p,
+                                     const __grid_constant__ CUtensorMap q_map,
+                                     const __grid_constant__ CUtensorMap k_map,
+                                     const __grid_constant__ CUtensorMap v_map) {
   flash_wgmma_ws::attend_items<FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>,
                                CausalMask<kCausal>>(p, &q_map, &k_map, &v_map);
 }
@@ -651,7 +656,8 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
       CUtensorMap q_map{};
       if (tma::encode_rows_map(&q_map, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
                                p.q_head_stride, p.q_batch_stride, Traits::kBlockM)) {
-        const auto persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false>;
+        const auto persistent =
+            flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false>;
         int sms = 0;
         WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_id));
         const int64_t items = g.x * p.batch * p.heads;
