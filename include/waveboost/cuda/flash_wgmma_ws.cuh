@@ -585,6 +585,9 @@ __global__ void __launch_bounds__(
                                CausalMask<kCausal>, kSequences>(p, &k_map, &v_map);
 }
 
+/// \brief Number of streaming multiprocessors of a device, cached per device (src/cuda/device.cu).
+Status multiprocessor_count(int device_id, int* sms);
+
 /// \brief The persistent form (flash_wgmma_ws::attend_items) of the kernel above, dense 16-bit batches:
 /// a 1-D grid of at most kBlocksPerSM blocks per SM.
 template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, int kBlockN, bool kCausal>
@@ -659,7 +662,7 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
         const auto persistent =
             flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false>;
         int sms = 0;
-        WAVEBOOST_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_id));
+        if (Status s = multiprocessor_count(p.device_id, &sms); !s.ok()) return s;
         const int64_t items = g.x * p.batch * p.heads;
         const int64_t slots = int64_t{sms} * kBlocksPerSM;
         WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(persistent, cudaFuncAttributeMaxDynamicSharedMemorySize,
