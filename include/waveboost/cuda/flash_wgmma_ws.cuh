@@ -604,10 +604,10 @@ __global__ void __launch_bounds__(
 /// \brief Whether a dense 16-bit call of the 128 x 128 blocks (head dim 128) runs the persistent
 /// kernel: non-causal calls of at most kWgmmaWsPersistentMaxKeys keys, where a block's start and end
 /// (Q load, first K/V tiles, output) weigh most against its few key tiles. H100, bf16, FA2 grid, over
-/// one block per query block (two rounds, a form before two fixes): 1.05 / 1.21x at 512 keys,
-/// 1.10 / 1.15x at 1024, 0.79 / 1.01x at 4096, 0.99 / 1.02x at 16k (benchmarks/NOTES.md, "The
-/// persistent wgmma forward"); causal calls lost 0.67-0.92x on its static order, so no causal
-/// persistent kernel is built. WAVEBOOST_WGMMA_PERSISTENT=0 or 1 (read once per process) decides for
+/// one block per query block (two rounds): 1.31x at 512 keys, 1.23x at 1024; a form before two
+/// fixes read 0.79 / 1.01x at 4096 and 0.99 / 1.02x at 16k (benchmarks/NOTES.md, "The persistent
+/// wgmma forward"); causal calls lost 0.67-0.92x on its static order, so no causal persistent
+/// kernel is built. WAVEBOOST_WGMMA_PERSISTENT=0 or 1 (read once per process) decides for
 /// every non-causal call of that shape, to measure the rule.
 constexpr int64_t kWgmmaWsPersistentMaxKeys = 1024;
 inline bool wgmma_ws_persistent(const AttentionParams& p) {
