@@ -316,13 +316,14 @@ Backend select_backend(const AttentionParams& p) {
   // refuses goes to wmma (fp16/bf16) or simt (any dtype); the naive path covers every
   // other head dim.
   const bool specialized = p.head_dim == 64 || p.head_dim == 128;
-  // Hopper: wgmma leads at head dim 128, and at head dim 64 from seqlen 512 (its TMA pipeline, with
+  // Hopper: wgmma leads at head dim 128, and at head dim 64 from 256 keys (its TMA pipeline, with
   // blocks of 64 query rows two per SM under 2048 rows: 1.10-1.23x mma at 512-1024 keys on an H100 and an H200,
-  // results/nvidia-h200-20261127/wgmma-d64-rows64/), but trails mma at 256 keys non-causal
-  // (0.95-0.97x), where a block has two key tiles. On a grid of at most one block per SM wgmma leads at
+  // results/nvidia-h200-20261127/wgmma-d64-rows64/; with the persistent kernel for non-causal calls, H100
+  // at 256 keys 1.15-1.17x non-causal, 1.02x causal, results/nvidia-h100-80gb-hbm3-20261128/persistent-rule/);
+  // below 256 keys mma stays (not measured since). On a grid of at most one block per SM wgmma leads at
   // any seqlen, and where that grid leaves most SMs idle it splits the keys (split-KV) to fill
   // them. Measured: benchmarks/results/*/fa2-*/summary.md and .../small-grids/.
-  const bool wgmma_wins = p.head_dim == 128 || p.seqlen_k >= 512 || fits_one_wave(p);
+  const bool wgmma_wins = p.head_dim == 128 || p.seqlen_k >= 256 || fits_one_wave(p);
   if (specialized && p.dtype != DType::kFloat32 && wgmma_wins && can_implement(p, Backend::kWgmma).ok())
     return Backend::kWgmma;
   if (specialized && can_implement(p, Backend::kMma).ok()) return Backend::kMma;

@@ -179,8 +179,9 @@ def test_half_only_paths_refuse_fp32(path):
 
 @pytest.mark.parametrize(
     "dname,d,b,h,lq,lk,expected",
-    [("fp16", 64, 8, 64, 256, 256, "mma"),  # 1024 blocks of 128 query rows: more than one per SM, two key tiles
-     ("fp16", 64, 8, 64, 512, 512, "wgmma"),  # from 512 keys wgmma leads (blocks of 64 rows, two per SM)
+    [("fp16", 64, 16, 64, 128, 128, "mma"),  # 1024 blocks of 128 query rows: more than one per SM, one key tile
+     ("fp16", 64, 8, 64, 256, 256, "wgmma"),  # from 256 keys wgmma leads (blocks of 64 rows, two per SM)
+     ("fp16", 64, 8, 64, 512, 512, "wgmma"),
      ("fp16", 64, 1, 2, 100, 100, "wgmma"),  # 2 blocks: a fraction of one wave
      ("fp16", 64, 1, 2, 8, 8, "decode"),  # 8 query rows per kv head: packed into one decode tile
      ("fp16", 64, 8, 64, 128, 4096, "wgmma"), ("bf16", 128, 8, 64, 512, 512, "wgmma"),

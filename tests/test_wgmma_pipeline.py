@@ -140,19 +140,23 @@ def test_tma_pipeline_head_dim_128_short_causal_blocks():
 
 
 def test_persistent_kernel_blocks_take_several_items():
-    """Non-causal head dim 128 calls of at most 1024 keys run the persistent TMA kernel (at most one
+    """Non-causal head dim 128 calls of at most 8192 keys run the persistent TMA kernel (at most one
     wave of blocks, each taking every gridDim.x-th query block; WAVEBOOST_WGMMA_PERSISTENT=1 runs it
     for every non-causal head dim 128 call, the child process below): grids of 2-8 query blocks per
     block, partial last query blocks and key tiles, GQA and MQA, and negative scales (Q negated in
-    shared memory after its TMA load). Causal and head dim 64 cases beside them run the other form."""
+    shared memory after its TMA load). So do head dim 64's non-causal calls under 2048 query rows
+    (64-row blocks, two per SM) of at most 2048 keys; the causal cases run the one-block form."""
     d128 = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale
         (4, 16, 4, 1000, 1000, False, None),  # 512 query blocks
         (3, 20, 5, 777, 1024, False, -0.3),
         (8, 16, 2, 300, 97, False, 0.2),
-        (2, 32, 1, 2500, 3100, False, 0.7),  # persistent only when forced
+        (2, 32, 1, 2500, 3100, False, 0.7),
+        (2, 16, 2, 600, 8500, False, -0.7),  # persistent only when forced
         (4, 16, 4, 1000, 600, True, -0.3),  # rows 0-399 see no key
     ]
-    d64 = [(2, 16, 2, 1500, 1500, False, -0.5), (3, 12, 3, 2900, 2500, True, None)]
+    d64 = [(2, 16, 2, 1500, 1500, False, -0.5), (3, 12, 3, 2900, 2500, True, None),
+           (6, 20, 4, 333, 129, False, 0.3), (1, 64, 8, 1000, 1000, False, None),
+           (2, 24, 4, 700, 2100, False, None)]  # persistent only when forced
     _check_block_heights(128, d128, [], seed=29)
     _check_block_heights(64, d64, [], seed=31)
 

@@ -38,6 +38,7 @@
 // p.out_dtype (16-bit), staged in the V ring.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
@@ -440,8 +441,8 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
 // run on from item to item; so the next item's Q and first K/V tiles land while the consumers
 // finish the current one (its last P V product and its output), and no block starts or ends
 // between items. A Q tile is free again once every consumer warp has staged and stored its output
-// rows through it. Non-causal head dim 128 calls of at most kWgmmaWsPersistentMaxKeys keys run it
-// (wgmma_ws_persistent).
+// rows through it. Non-causal calls of head dim 128 and of head dim 64's 64-row blocks run it, up
+// to a number of keys (wgmma_ws_persistent).
 template <typename Traits, typename Mask>
 __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUtensorMap* q_map,
                                              const CUtensorMap* k_map, const CUtensorMap* v_map) {
@@ -601,22 +602,28 @@ __global__ void __launch_bounds__(
                                CausalMask<kCausal>>(p, &q_map, &k_map, &v_map);
 }
 
-/// \brief Whether a dense 16-bit call of the 128 x 128 blocks (head dim 128) runs the persistent
-/// kernel: non-causal calls of at most kWgmmaWsPersistentMaxKeys keys, where a block's start and end
-/// (Q load, first K/V tiles, output) weigh most against its few key tiles. H100, bf16, FA2 grid, over
-/// one block per query block (two rounds): 1.31x at 512 keys, 1.23x at 1024; a form before two
-/// fixes read 0.79 / 1.01x at 4096 and 0.99 / 1.02x at 16k (benchmarks/NOTES.md, "The persistent
-/// wgmma forward"); causal calls lost 0.67-0.92x on its static order, so no causal persistent
-/// kernel is built. WAVEBOOST_WGMMA_PERSISTENT=0 or 1 (read once per process) decides for
-/// every non-causal call of that shape, to measure the rule.
-constexpr int64_t kWgmmaWsPersistentMaxKeys = 1024;
+/// \brief Whether a dense 16-bit call runs the persistent kernel: non-causal calls of the 128 x 128
+/// blocks (head dim 128) of at most kWgmmaWsPersistentMaxKeys keys and of head dim 64's 64-row blocks
+/// (two per SM, under 2048 query rows) of at most kWgmmaWsPersistentMaxKeysHeadDim64, where a block's
+/// start and end (Q load, first K/V tiles, output) weigh against its key tiles. H100, FA2 grid, over
+/// one block per query block (three alternating rounds, benchmarks/NOTES.md, "The persistent wgmma
+/// forward"): head dim 128 bf16 1.20x at 1024 keys, 1.10-1.15x at 1536-2048, 1.08-1.09x at
+/// 3072-4096, 1.01x at 8192 (timed by the bench suite, three rounds: 1.02x at 4096, 1.01-1.06x at
+/// 8192, level at 16k); head dim 64 bf16 / fp16
+/// 1.28 / 1.20x at 256 keys, 1.11x at 512, 1.10 / 1.05x at 1024, 1.09 / 1.03x at 1536. Causal calls
+/// lost 0.67-0.92x on its static order, so no causal persistent kernel is built.
+/// WAVEBOOST_WGMMA_PERSISTENT=0 or 1 (read once per process) decides for every non-causal call of
+/// those shapes, to measure the rule.
+constexpr int64_t kWgmmaWsPersistentMaxKeys = 8192;
+constexpr int64_t kWgmmaWsPersistentMaxKeysHeadDim64 = 2048;
 inline bool wgmma_ws_persistent(const AttentionParams& p) {
   static const int forced = [] {
     const char* v = std::getenv("WAVEBOOST_WGMMA_PERSISTENT");
     return v == nullptr ? -1 : (std::atoi(v) != 0 ? 1 : 0);
   }();
-  if (p.is_causal || p.head_dim != 128) return false;
-  return forced >= 0 ? forced == 1 : p.seqlen_k <= kWgmmaWsPersistentMaxKeys;
+  if (p.is_causal || (p.head_dim != 128 && p.head_dim != 64)) return false;
+  if (forced >= 0) return forced == 1;
+  return p.seqlen_k <= (p.head_dim == 128 ? kWgmmaWsPersistentMaxKeys : kWgmmaWsPersistentMaxKeysHeadDim64);
 }
 
 /// \brief Whether the warp-specialized kernel takes a call's layout: keys, contiguous K/V (dense,
@@ -654,7 +661,9 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
                            : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false, true>;
     }
   }
-  if constexpr (!Traits::kTransposes && !kCausalOnly && kHeadDim == 128 && kBlockM == kWgmmaBlockM) {
+  // The persistent kernel: head dim 128's 128 x 128 blocks and head dim 64's 64-row blocks.
+  if constexpr (!Traits::kTransposes && !kCausalOnly &&
+                ((kHeadDim == 128 && kBlockM == kWgmmaBlockM) || (kHeadDim == 64 && kBlockM == kWgmmaWsBlockMShort))) {
     if (!sequences && wgmma_ws_persistent(p)) {
       CUtensorMap q_map{};
       if (tma::encode_rows_map(&q_map, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
@@ -665,10 +674,10 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
         if (Status s = multiprocessor_count(p.device_id, &sms); !s.ok()) return s;
         const int64_t items = g.x * p.batch * p.heads;
         const int64_t slots = int64_t{sms} * kBlocksPerSM;
+        const auto blocks = static_cast<unsigned>(std::min(items, slots));  // at most one wave
         WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(persistent, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    Traits::kPersistentSmemBytes));
-        persistent<<<static_cast<unsigned>(items < slots ? items : slots), Traits::kBlockThreads,
-                     Traits::kPersistentSmemBytes, stream>>>(p, q_map, k_map, v_map);
+        persistent<<<blocks, Traits::kBlockThreads, Traits::kPersistentSmemBytes, stream>>>(p, q_map, k_map, v_map);
         return cuda_status(cudaGetLastError(), "flash_wgmma_ws_persistent_kernel launch");
       }
     }
