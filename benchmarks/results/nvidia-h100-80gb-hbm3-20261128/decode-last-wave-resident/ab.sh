@@ -3,11 +3,7 @@
 cd "${REPO:-.}"  # the repository root
 mkdir -p /tmp/logs
 nvidia-smi --query-gpu=name --format=csv,noheader
-for n in main br-res; do
-  mkdir -p /tmp/src-$n && tar xzf "$TARBALLS"/$n.tgz -C /tmp/src-$n
-  python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/$n -Cbuild-dir=/tmp/build-$n /tmp/src-$n -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 > /tmp/logs/build-$n.log 2>&1 &
-done
-wait
+bash benchmarks/build_trees.sh main br-res
 SH=160x8192x32x1,140x4096x32x1,200x4096x32x1,32x8192x32x1,20x8192x32x8,128x2048x32x8
 for n in main br-res; do PYTHONPATH=/tmp/$n python3 - $SH,16x8192x32x8,64x4096x64x8,1x2048x32x8 <<'PY' | tee -a $OUT/plans.txt
 import sys, torch, waveboost

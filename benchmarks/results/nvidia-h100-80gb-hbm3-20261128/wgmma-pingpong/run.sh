@@ -1,15 +1,10 @@
 #!/bin/bash
 # H100: main vs wgmma-persistent vs wgmma-pingpong (forward A/B, two alternating rounds), then the
 # pingpong tree's wgmma tests and compute-sanitizer. TARBALLS: a folder with the git archive of each tree.
-cd "${REPO:-.}"; TARBALLS=${TARBALLS:?git archive of each tree: main.tgz persist.tgz pingpong.tgz}
+cd "${REPO:-.}"; export TARBALLS=${TARBALLS:?git archive of each tree: main.tgz persist.tgz pingpong.tgz}
 mkdir -p /tmp/logs
 nvidia-smi --query-gpu=name --format=csv,noheader
-for n in main persist pingpong; do
-  mkdir -p /tmp/src-$n && tar xzf $TARBALLS/$n.tgz -C /tmp/src-$n
-  python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/$n -Cbuild-dir=/tmp/build-$n /tmp/src-$n -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 > /tmp/logs/build-$n.log 2>&1 &
-done
-wait
-for n in main persist pingpong; do ls /tmp/$n/waveboost > /dev/null || { tail -20 /tmp/logs/build-$n.log; exit 1; }; done
+bash benchmarks/build_trees.sh main persist pingpong || exit 1
 cd /tmp/src-pingpong
 PYTHONPATH=/tmp/pingpong WAVEBOOST_WGMMA_PERSISTENT=1 timeout 20 python3 benchmarks/ab_time.py smoke --backend wgmma --dtypes bf16 --head-dims 64,128 --seqlens 1024 --causal both --repeats 3 || { echo "SMOKE FAILED"; exit 1; }
 A="--backend wgmma --dtypes bf16 --head-dims 64,128 --seqlens 512,1024,2048,4096,16384 --causal both --repeats 20"

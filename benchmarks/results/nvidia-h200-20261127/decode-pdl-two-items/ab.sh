@@ -5,11 +5,7 @@
 cd "${REPO:-.}"  # the repository root
 mkdir -p /tmp/logs
 nvidia-smi --query-gpu=name --format=csv,noheader
-for n in base br-2i br-pdl; do
-  mkdir -p /tmp/src-$n && tar xzf "$TARBALLS"/$n.tgz -C /tmp/src-$n
-  python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/$n -Cbuild-dir=/tmp/build-$n /tmp/src-$n -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 > /tmp/logs/build-$n.log 2>&1 &
-done
-wait
+bash benchmarks/build_trees.sh base br-2i br-pdl
 for n in br-2i br-pdl; do
   test -d /tmp/$n/waveboost || { echo "$n build failed"; tail -20 /tmp/logs/build-$n.log; continue; }
   (cd /tmp/src-$n && PYTHONPATH=/tmp/$n timeout 150 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_decode_gpu.py tests/test_kvcache.py tests/test_varlen.py > /tmp/logs/pytest-$n.txt 2>&1; echo "$n pytest rc $?"; tail -1 /tmp/logs/pytest-$n.txt; grep "^FAILED" /tmp/logs/pytest-$n.txt | head -5)

@@ -5,12 +5,7 @@
 cd "${REPO:-.}"  # the repository root
 mkdir -p /tmp/logs
 nvidia-smi --query-gpu=name --format=csv,noheader
-for n in main exp; do
-  mkdir -p /tmp/src-$n && tar xzf "$TARBALLS"/$n.tgz -C /tmp/src-$n
-  python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/$n -Cbuild-dir=/tmp/build-$n /tmp/src-$n -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 > /tmp/logs/build-$n.log 2>&1 &
-done
-wait
-for n in main exp; do test -d /tmp/$n/waveboost || { echo "$n build failed"; tail -20 /tmp/logs/build-$n.log; }; done
+bash benchmarks/build_trees.sh main exp
 SH=20x8192x32x8,24x8192x32x8,17x16384x32x8,34x4096x32x8,40x4096x32x8,48x4096x32x8,128x2048x32x8
 for r in 1 2; do for n in exp main; do
   PYTHONPATH=/tmp/$n timeout 120 python3 benchmarks/decode_probe.py --tag $n --impls wb_blhd --shapes $SH >> /tmp/logs/dense.jsonl 2>>/tmp/logs/probe-err.txt

@@ -4,12 +4,7 @@
 cd "${REPO:-.}"  # the repository root
 mkdir -p /tmp/logs
 nvidia-smi --query-gpu=name --format=csv,noheader
-for n in exp main br-fill; do
-  mkdir -p /tmp/src-$n && tar xzf "$TARBALLS"/$n.tgz -C /tmp/src-$n
-  python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/$n -Cbuild-dir=/tmp/build-$n /tmp/src-$n -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 > /tmp/logs/build-$n.log 2>&1 &
-done
-wait
-for n in exp main br-fill; do test -d /tmp/$n/waveboost || { echo "$n build failed"; tail -20 /tmp/logs/build-$n.log; }; done
+bash benchmarks/build_trees.sh exp main br-fill
 (cd /tmp/src-br-fill && PYTHONPATH=/tmp/br-fill timeout 200 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_decode_gpu.py tests/test_kvcache.py tests/test_varlen.py > /tmp/logs/pytest-br.txt 2>&1; echo "br pytest rc $?"; tail -1 /tmp/logs/pytest-br.txt; grep "^FAILED" /tmp/logs/pytest-br.txt | head -5)
 SH=20x8192x32x8,24x8192x32x8,17x16384x32x8,34x4096x32x8,40x4096x32x8,48x4096x32x8,80x4096x32x8,72x2048x32x8,128x2048x32x8
 for r in 1 2; do for n in exp main br-fill; do

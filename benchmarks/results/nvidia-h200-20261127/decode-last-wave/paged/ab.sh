@@ -4,12 +4,7 @@
 cd "${REPO:-.}"  # the repository root
 mkdir -p /tmp/logs
 nvidia-smi --query-gpu=name --format=csv,noheader
-for n in main br-fill; do
-  mkdir -p /tmp/src-$n && tar xzf "$TARBALLS"/$n.tgz -C /tmp/src-$n
-  python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/$n -Cbuild-dir=/tmp/build-$n /tmp/src-$n -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 > /tmp/logs/build-$n.log 2>&1 &
-done
-wait
-for n in main br-fill; do test -d /tmp/$n/waveboost || { echo "$n build failed"; tail -20 /tmp/logs/build-$n.log; }; done
+bash benchmarks/build_trees.sh main br-fill
 SP=20x8192x32x8,17x16384x32x8,34x4096x32x8,40x4096x32x8,48x4096x32x8,72x2048x32x8,36x2048x64x8,128x2048x32x8
 for n in main br-fill; do PYTHONPATH=/tmp/$n python3 - $SP <<'PY' | tee -a $OUT/plans.txt
 import sys, torch, waveboost
