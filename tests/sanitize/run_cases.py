@@ -68,8 +68,8 @@ def cases():
     # Head dim 128, causal, under 1280 query rows: blocks of 64 rows and tiles of 64 keys, two per SM; a
     # tail block and a ring that wraps.
     out += [("wgmma", "bf16", (4, 200, 601, 16, 4), 128, True, "contiguous")]
-    # The persistent form (non-causal head dim 128 up to 1024 keys; head dim 64's 64-row blocks where
-    # WAVEBOOST_WGMMA_PERSISTENT=1): 512 and 1024 query blocks, several per block of one wave, tails.
+    # The persistent form (non-causal: head dim 128 up to 8192 keys, head dim 64's 64-row blocks up to
+    # 2048): 512 and 1024 query blocks, several per block of one wave, tails.
     out += [("wgmma", "bf16", (4, 1000, 700, 16, 4), 128, False, "contiguous"),
             ("wgmma", "fp16", (4, 1000, 300, 16, 4), 64, False, "contiguous")]
     # wgmma's e4m3 kernel (head dim 128, TMA, V transposed in shared memory): tails, rows with no key, a

@@ -165,9 +165,10 @@ inline SplitKV split_kv_pieces(int64_t blocks, int64_t key_tiles, int multiproce
   return split;
 }
 
-// Shared memory one block may opt into on a device, queried once per device (defined in
-// src/cuda/device.cu, declared for the host side in src/cuda/cuda_paths.h too).
+// Shared memory one block may opt into on a device, and its number of SMs, each queried once per
+// device (defined in src/cuda/device.cu, declared for the host side in src/cuda/cuda_paths.h too).
 Status max_shared_memory_per_block(int device_id, int* bytes);
+Status multiprocessor_count(int device_id, int* sms);
 
 // Makes params.device_id current for the scope and restores the caller's device.
 class DeviceGuard {

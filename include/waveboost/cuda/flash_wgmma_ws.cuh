@@ -433,7 +433,6 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
   });
 }
 
-
 // The persistent kernel (dense 16-bit batches): a grid of at most one wave of blocks, each taking
 // the work items blockIdx.x, blockIdx.x + gridDim.x, ... (core/schedule.cuh, persistent_tile: the
 // blocks the one-block-per-item grid would have run, in its launch order). The producer loads each
@@ -585,9 +584,6 @@ __global__ void __launch_bounds__(
   flash_wgmma_ws::attend_block<FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>,
                                CausalMask<kCausal>, kSequences>(p, &k_map, &v_map);
 }
-
-/// \brief Number of streaming multiprocessors of a device, cached per device (src/cuda/device.cu).
-Status multiprocessor_count(int device_id, int* sms);
 
 /// \brief The persistent form (flash_wgmma_ws::attend_items) of the kernel above, dense 16-bit batches:
 /// a 1-D grid of at most kBlocksPerSM blocks per SM.
