@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -74,6 +75,35 @@ struct FlashBwdMmaTraits : BackwardSmemLayout<kWarps_ * 16, 64, kHeadDim_, 2> {
   static_assert(Layout::kKVTileBytes == kBlockN * kHeadDim * 2 && Layout::kQTileBytes == kBlockM * kHeadDim * 2);
   static_assert(kWarps % kDqWarpsM == 0 && kDqTilesPerWarp % kDqTilesPerPass == 0 && kDqTilesPerPass % 2 == 0);
   static_assert(kBlockM / kChunk >= 8 && kHeadDim / kChunk >= 8, "the swizzle needs rows of >= 8 chunks");
+};
+
+/// \brief Compile-time choices of the mma.sync backward with P and dS through shared memory
+/// (FlashAttention-2's warp layout; WAVEBOOST_MMA_BACKWARD=shared, head dim 128): 128 keys per block,
+/// 64 query rows per step, 8 warps. S and dP are split 2 x 4 over the warps (32 query rows x 32 keys
+/// each), dK and dV 4 x 2 (32 keys x 64 dims), dQ 2 x 4 (32 query rows x 32 dims); P and dS meet the
+/// dV, dK and dQ products in shared memory ([query][key] tiles). Per warp and step that is 144
+/// ldmatrix.x4 for 320 mma where the register form (P^T kept as the A operand of dV) takes 184.
+template <typename Element_, int kHeadDim_>
+struct FlashBwdMmaSharedTraits : BackwardSmemLayout<128, 64, kHeadDim_, 2> {
+  using Element = Element_;
+  using Layout = BackwardSmemLayout<128, 64, kHeadDim_, 2>;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockN = 128;
+  static constexpr int kBlockM = 64;
+  static constexpr int kKvDims = kHeadDim / 2;  // dK / dV dims per warp
+  static constexpr int kKvDimTiles = kKvDims / 8;
+  static constexpr int kDqDims = kHeadDim / 4;  // dQ dims per warp
+  static constexpr int kDqDimTiles = kDqDims / 8;
+  // P ([query][key], 16-bit) after the layout's tiles and vectors; dS lies in the layout's dS tile.
+  static constexpr int kPOffset = (Layout::kLayoutBytes + 127) / 128 * 128;
+  static constexpr int kSmemBytes = kPOffset + Layout::kDsTileBytes;
+
+  static_assert(kHeadDim == 128, "head_dim 128");
+  static_assert(sizeof(Element) == 2, "16-bit elements");
+  static_assert(Layout::kDsOffset % 128 == 0 && Layout::kQOffset % 128 == 0 && Layout::kDoOffset % 128 == 0 &&
+                Layout::kVOffset % 128 == 0 && Layout::kQTileBytes % 128 == 0, "128 B-aligned tiles");
 };
 
 namespace flash_bwd {
@@ -457,6 +487,256 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
                                              [&](int i, int j) { return dv[i][j]; });
 }
 
+
+/// \brief One block of the backward with P and dS through shared memory (FlashBwdMmaSharedTraits):
+/// kBlockN keys of one (batch, kv head), the query blocks streaming by as in backward_block.
+template <typename Traits, bool kCausal, bool kDeterministic>
+__device__ __forceinline__ void backward_block_shared(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kThreads = Traits::kThreads;
+  constexpr int kKvDimTiles = Traits::kKvDimTiles;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t base = mma::shared_address(smem);
+  const float* lse_smem = reinterpret_cast<const float*>(smem + Traits::kLseOffset);
+  const float* d_smem = reinterpret_cast<const float*>(smem + Traits::kDOffset);
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  const BackwardBlockIndex index = backward_block_index<kCausal>(kDeterministic);
+  const int64_t n_block = index.n_block;
+  BackwardBlock blk;
+  if (!locate_backward_block<kCausal>(p, index, kBlockN, kBlockM, blk)) return;
+  const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
+
+  load_rows<kBlockN, kHeadDim, kThreads>(base + Traits::kKOffset, blk.k_rows<Element>(p), p.k_row_stride,
+                                         p.seqlen_k - n0);
+  load_rows<kBlockN, kHeadDim, kThreads>(base + Traits::kVOffset, blk.v_rows<Element>(p), p.v_row_stride,
+                                         p.seqlen_k - n0);
+
+  const auto issue_step = [&](int64_t s, int buf) {
+    const int64_t h = blk.head(s);
+    const int64_t m0 = blk.m_block(s) * kBlockM;
+    load_rows<kBlockM, kHeadDim, kThreads>(base + Traits::kQOffset + buf * Traits::kQTileBytes,
+                                           blk.q_rows<Element>(p, h, m0), p.q_row_stride, p.seqlen_q - m0);
+    load_rows<kBlockM, kHeadDim, kThreads>(base + Traits::kDoOffset + buf * Traits::kQTileBytes,
+                                           blk.dout_rows<Element>(p, h, m0), p.do_row_stride, p.seqlen_q - m0);
+    static_assert(kBlockM / 2 <= kThreads);
+    copy_step_vectors<kBlockM>(ws, blk.workspace_row(p, ws.m_pad, h, m0),
+                               base + Traits::kLseOffset + buf * Traits::kVecBytes,
+                               base + Traits::kDOffset + buf * Traits::kVecBytes);
+  };
+
+  if (steps > 0) issue_step(0, 0);
+  mma::commit_copies();
+
+  // dK and dV: this warp's 32 keys (two m16 tiles) x kKvDims dims (kKvDimTiles n8 tiles).
+  float dk[2][kKvDimTiles][4];
+  float dv[2][kKvDimTiles][4];
+  zero_fill(dk[0]);
+  zero_fill(dk[1]);
+  zero_fill(dv[0]);
+  zero_fill(dv[1]);
+
+  const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
+  // The warps' tiles: S and dP 32 query rows (sm) x 32 keys (sn); dK and dV 32 keys (kn) x kKvDims
+  // dims (kd); dQ 32 query rows (qm) x kDqDims dims (qd).
+  const int sm = warp % 2, sn = warp / 2;
+  const int kn = warp % 4, kd = warp / 4;
+  const int qm = warp % 2, qd = warp / 2;
+
+  // Lane addresses (tiles 128 B multiples apart, so one base serves every tile of a width): A from
+  // [row][k] rows (Q, dO; dS); B from [n][k] rows (K, V); B with k along the rows (.trans: dO, Q, K);
+  // A with k along the rows (.trans: P^T and dS^T from the [query][key] tiles).
+  const auto a_dim = LaneAddress<kHeadDim>::make(base, lane % 16, lane / 16);
+  const auto b_dim = LaneAddress<kHeadDim>::make(base, lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+  const auto bt_dim = LaneAddress<kHeadDim>::make(base, lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+  const auto a_key = LaneAddress<kBlockN>::make(base, lane % 16, lane / 16);
+  const auto at_key = LaneAddress<kBlockN>::make(base, lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+  constexpr uint32_t kDoFromQ = Traits::kDoOffset - Traits::kQOffset;
+
+  for (int64_t s = 0; s < steps; ++s) {
+    const int buf = static_cast<int>(s & 1);
+    begin_step(s, steps, buf, issue_step);
+
+    const int64_t h = blk.head(s);
+    const int64_t m_index = blk.m_block(s);
+    const int64_t m0 = m_index * kBlockM;
+    const uint32_t q_buf = Traits::kQOffset + buf * Traits::kQTileBytes;
+
+    // S = Q K^T and dP = dO V^T for 32 query rows x 32 keys. Accumulator [mt][nt][e]: query row
+    // 32 sm + 16 mt + g + 8 (e / 2), key 32 sn + 8 nt + 2 t + e % 2 (of the block).
+    float sc[2][4][4];
+    float dp[2][4][4];
+    zero_fill(sc[0]);
+    zero_fill(sc[1]);
+    zero_fill(dp[0]);
+    zero_fill(dp[1]);
+#pragma unroll
+    for (int ds = 0; ds < kHeadDim / 16; ++ds) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) mma::load_matrix_x4(a[mt], a_dim.at(32 * sm + 16 * mt, ds) + q_buf);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t b[4];
+        mma::load_matrix_x4(b, b_dim.at(32 * sn + 16 * np, ds) + Traits::kKOffset);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma::mma_16x8x16<Element>(sc[mt][2 * np], a[mt], b[0], b[1]);
+          mma::mma_16x8x16<Element>(sc[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int ds = 0; ds < kHeadDim / 16; ++ds) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) mma::load_matrix_x4(a[mt], a_dim.at(32 * sm + 16 * mt, ds) + q_buf + kDoFromQ);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t b[4];
+        mma::load_matrix_x4(b, b_dim.at(32 * sn + 16 * np, ds) + Traits::kVOffset);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma::mma_16x8x16<Element>(dp[mt][2 * np], a[mt], b[0], b[1]);
+          mma::mma_16x8x16<Element>(dp[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+
+    // P, then dS = P (dP - D), both to shared memory as [query][key] 16-bit tiles.
+    const float* lse_row = lse_smem + buf * kBlockM;
+    const float* d_row = d_smem + buf * kBlockM;
+    with_step_mask<true>(backward_tile_masked<kCausal>(p, blk, kBlockN, m0), [&](auto masked) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = 32 * sm + 16 * mt + g + 8 * (e / 2);
+          const float lse = lse_row[row];
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const int key = 32 * sn + 8 * nt + 2 * t + e % 2;
+            sc[mt][nt][e] = backward_probability<kCausal>(sc[mt][nt][e], scale_log2, lse, bool(masked), n0 + key,
+                                                          m0 + row, p, causal_offset);
+          }
+        }
+      }
+    });
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = 32 * sm + 16 * mt + g + 8 * half;
+        const float d = d_row[row];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const float p0 = sc[mt][nt][2 * half], p1 = sc[mt][nt][2 * half + 1];
+          const uint32_t at = swizzled<kBlockN>(base, row, 4 * sn + nt) + 4 * t;
+          const uint32_t p_pair = pack_pair<Element>(p0, p1);
+          const uint32_t ds_pair =
+              pack_pair<Element>(p0 * (dp[mt][nt][2 * half] - d), p1 * (dp[mt][nt][2 * half + 1] - d));
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + Traits::kPOffset), "r"(p_pair) : "memory");
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + Traits::kDsOffset), "r"(ds_pair) : "memory");
+        }
+      }
+    }
+    __syncthreads();  // P and dS complete
+
+    // dV += P^T dO and dK += dS^T Q: A from the [query][key] tiles (.trans), B from dO / Q (.trans).
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / 16; ++ks) {
+      uint32_t a_p[2][4], a_ds[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const uint32_t at = at_key.at(16 * ks, 2 * kn + mt);
+        mma::load_matrix_x4_trans(a_p[mt], at + Traits::kPOffset);
+        mma::load_matrix_x4_trans(a_ds[mt], at + Traits::kDsOffset);
+      }
+#pragma unroll
+      for (int dpair = 0; dpair < kKvDimTiles / 2; ++dpair) {
+        const uint32_t at = bt_dim.at(16 * ks, kKvDimTiles / 2 * kd + dpair) + q_buf;
+        uint32_t b_do[4], b_q[4];
+        mma::load_matrix_x4_trans(b_do, at + kDoFromQ);
+        mma::load_matrix_x4_trans(b_q, at);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma::mma_16x8x16<Element>(dv[mt][2 * dpair], a_p[mt], b_do[0], b_do[1]);
+          mma::mma_16x8x16<Element>(dv[mt][2 * dpair + 1], a_p[mt], b_do[2], b_do[3]);
+          mma::mma_16x8x16<Element>(dk[mt][2 * dpair], a_ds[mt], b_q[0], b_q[1]);
+          mma::mma_16x8x16<Element>(dk[mt][2 * dpair + 1], a_ds[mt], b_q[2], b_q[3]);
+        }
+      }
+    }
+
+    // dQ (kBlockM x kHeadDim) += dS K: this warp's 32 query rows x kDqDims dims.
+    float* dq_rows = ws.dq_accum + (blk.workspace_row(p, ws.m_pad, h, m0) + 32 * qm) * kHeadDim;
+    int* semaphore = kDeterministic ? ws.semaphores + blk.workspace_row(p, ws.m_pad, h, m0) / kBlockM : nullptr;
+    if constexpr (kDeterministic) {
+      wait_for_dq_turn<kCausal>(semaphore, n_block, m_index, kBlockM, kBlockN, causal_offset);
+    }
+    float dq[2][Traits::kDqDimTiles][4];
+    zero_fill(dq[0]);
+    zero_fill(dq[1]);
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) mma::load_matrix_x4(a[mt], a_key.at(32 * qm + 16 * mt, ks) + Traits::kDsOffset);
+#pragma unroll
+      for (int dpair = 0; dpair < Traits::kDqDimTiles / 2; ++dpair) {
+        uint32_t b_k[4];
+        mma::load_matrix_x4_trans(b_k, bt_dim.at(16 * ks, Traits::kDqDimTiles / 2 * qd + dpair) + Traits::kKOffset);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma::mma_16x8x16<Element>(dq[mt][2 * dpair], a[mt], b_k[0], b_k[1]);
+          mma::mma_16x8x16<Element>(dq[mt][2 * dpair + 1], a[mt], b_k[2], b_k[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int dt = 0; dt < Traits::kDqDimTiles; ++dt) {
+        const DqQuad quad = dq_quad(dq[mt][dt][0], dq[mt][dt][1], dq[mt][dt][2], dq[mt][dt][3], g, t);
+        const int dim = Traits::kDqDims * qd + 8 * dt + quad.col;
+        add_dq_16B<kDeterministic>(reinterpret_cast<float4*>(dq_rows + (16 * mt + quad.row) * kHeadDim + dim),
+                                   quad.sum);
+      }
+    }
+    if constexpr (kDeterministic) pass_turn(semaphore);
+  }
+  mma::wait_copies<0>();  // with no step, K and V were loaded for nothing: never exit with copies in flight
+
+  // dK (times softmax_scale) and dV of this warp's 32 keys x kKvDims dims.
+  const float scale = static_cast<float>(p.softmax_scale);
+  Element* dk_out = static_cast<Element*>(p.dk) + blk.b * p.dk_batch_stride + blk.h_kv * p.dk_head_stride;
+  Element* dv_out = static_cast<Element*>(p.dv) + blk.b * p.dv_batch_stride + blk.h_kv * p.dv_head_stride;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t key = n0 + 32 * kn + 16 * mt + g + 8 * half;
+      if (key >= p.seqlen_k) continue;
+#pragma unroll
+      for (int i = 0; i < kKvDimTiles; ++i) {
+        const int col = Traits::kKvDims * kd + 8 * i + 2 * t;
+        *reinterpret_cast<uint32_t*>(dk_out + key * p.dk_row_stride + col) =
+            pack_pair<Element>(dk[mt][i][2 * half] * scale, dk[mt][i][2 * half + 1] * scale);
+        *reinterpret_cast<uint32_t*>(dv_out + key * p.dv_row_stride + col) =
+            pack_pair<Element>(dv[mt][i][2 * half], dv[mt][i][2 * half + 1]);
+      }
+    }
+  }
+}
+
 }  // namespace flash_bwd
 
 // Warps per block of the main kernel (kWarps x 16 keys per block). On an H100 (bf16, FA2 grid,
@@ -465,6 +745,17 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 // (two blocks per SM) ahead on causal.
 template <int kHeadDim>
 inline constexpr int kFlashBwdMmaWarps = kHeadDim == 128 ? 8 : 4;
+
+/// \brief The main backward kernel with P and dS through shared memory (FlashBwdMmaSharedTraits).
+template <typename Element, int kHeadDim, bool kCausal, bool kDeterministic>
+__global__ void __launch_bounds__(FlashBwdMmaSharedTraits<Element, kHeadDim>::kThreads, 1)
+    flash_bwd_mma_shared_kernel(const __grid_constant__ AttentionBackwardParams p, const FlashBwdWorkspace ws) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // cp.async and bf16 mma need sm_80; mma_can_implement_backward refuses older devices
+#else
+  flash_bwd::backward_block_shared<FlashBwdMmaSharedTraits<Element, kHeadDim>, kCausal, kDeterministic>(p, ws);
+#endif
+}
 
 /// \brief The main backward kernel; grid (key blocks, batch * heads_kv folded over y and z).
 /// 255 registers per thread: one block of 8 warps (or two of 4) per SM.
@@ -575,8 +866,31 @@ Status launch_flash_backward(const AttentionBackwardParams& p, void* workspace, 
   return Status::Ok();
 }
 
+/// \brief Whether the head dim 128 backward runs the kernel with P and dS through shared memory:
+/// WAVEBOOST_MMA_BACKWARD=shared (read at every call), to measure it against the register form.
+inline bool mma_backward_shared() {
+  const char* v = std::getenv("WAVEBOOST_MMA_BACKWARD");
+  return v != nullptr && std::string(v) == "shared";
+}
+
 template <typename Element, int kHeadDim>
 Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
+  if constexpr (kHeadDim == 128) {
+    if (mma_backward_shared()) {
+      using Traits = FlashBwdMmaSharedTraits<Element, kHeadDim>;
+      return launch_flash_backward<Element, kHeadDim, Traits::kBlockM>(
+          p, workspace, stream, [&](const FlashBwdWorkspace& ws) {
+            dim3 grid;
+            if (Status s = backward_grid(p, Traits::kBlockN, "mma", &grid); !s.ok()) return s;
+            return with_backward_flags(p, [&](auto causal, auto deterministic) {
+              const auto kernel = flash_bwd_mma_shared_kernel<Element, kHeadDim, decltype(causal)::value,
+                                                              decltype(deterministic)::value>;
+              return launch_backward_main(kernel, p, ws, grid, Traits::kThreads, Traits::kSmemBytes, stream,
+                                          "flash_bwd_mma_shared_kernel launch");
+            });
+          });
+    }
+  }
   using Traits = FlashBwdMmaTraits<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>;
   return launch_flash_backward<Element, kHeadDim, Traits::kBlockM>(p, workspace, stream, [&](const FlashBwdWorkspace& ws) {
     dim3 grid;
