@@ -676,6 +676,10 @@ __device__ __forceinline__ void backward_block_shared(const AttentionBackwardPar
       }
     }
 
+    // The next step's copies go into this step's Q and dO buffers at its top (begin_step): every warp
+    // must be done reading them, and dV and dK were their last readers.
+    __syncthreads();
+
     // dQ (kBlockM x kHeadDim) += dS K: this warp's 32 query rows x kDqDims dims.
     float* dq_rows = ws.dq_accum + (blk.workspace_row(p, ws.m_pad, h, m0) + 32 * qm) * kHeadDim;
     int* semaphore = kDeterministic ? ws.semaphores + blk.workspace_row(p, ws.m_pad, h, m0) / kBlockM : nullptr;
