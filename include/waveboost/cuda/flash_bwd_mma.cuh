@@ -272,6 +272,44 @@ __device__ __forceinline__ void begin_step(int64_t s, int64_t steps, int buf, co
   __syncthreads();  // step s's tiles visible to every warp; every warp is done with step s - 1's shared dS
 }
 
+// The start of a block's walk (both forms of the main kernel): the block's K and V rows by cp.async
+// (keys past the sequence zero-filled), and step s's copies into buffers `buf` (Q and dO rows of its
+// query block, lse * log2(e) and D), which begin_step issues a step ahead.
+template <typename Traits>
+__device__ __forceinline__ void load_key_block(const AttentionBackwardParams& p, const BackwardBlock& blk,
+                                               uint32_t base) {
+  using Element = typename Traits::Element;
+  load_rows<Traits::kBlockN, Traits::kHeadDim, Traits::kThreads>(base + Traits::kKOffset, blk.k_rows<Element>(p),
+                                                                 p.k_row_stride, p.seqlen_k - blk.n0);
+  load_rows<Traits::kBlockN, Traits::kHeadDim, Traits::kThreads>(base + Traits::kVOffset, blk.v_rows<Element>(p),
+                                                                 p.v_row_stride, p.seqlen_k - blk.n0);
+}
+
+template <typename Traits>
+struct StepCopies {
+  const AttentionBackwardParams& p;
+  const BackwardBlock& blk;
+  const FlashBwdWorkspace& ws;
+  uint32_t base;
+
+  __device__ __forceinline__ void operator()(int64_t s, int buf) const {
+    using Element = typename Traits::Element;
+    constexpr int kBlockM = Traits::kBlockM;
+    const int64_t h = blk.head(s);
+    const int64_t m0 = blk.m_block(s) * kBlockM;
+    load_rows<kBlockM, Traits::kHeadDim, Traits::kThreads>(base + Traits::kQOffset + buf * Traits::kQTileBytes,
+                                                           blk.q_rows<Element>(p, h, m0), p.q_row_stride,
+                                                           p.seqlen_q - m0);
+    load_rows<kBlockM, Traits::kHeadDim, Traits::kThreads>(base + Traits::kDoOffset + buf * Traits::kQTileBytes,
+                                                           blk.dout_rows<Element>(p, h, m0), p.do_row_stride,
+                                                           p.seqlen_q - m0);
+    static_assert(kBlockM / 2 <= Traits::kThreads);
+    copy_step_vectors<kBlockM>(ws, blk.workspace_row(p, ws.m_pad, h, m0),
+                               base + Traits::kLseOffset + buf * Traits::kVecBytes,
+                               base + Traits::kDOffset + buf * Traits::kVecBytes);
+  }
+};
+
 /// \brief One block: kBlockN keys of one (batch, kv head).
 template <typename Traits, bool kCausal, bool kDeterministic>
 __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws) {
@@ -279,7 +317,6 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
-  constexpr int kThreads = Traits::kThreads;
 
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t base = mma::shared_address(smem);
@@ -300,25 +337,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   if (!locate_backward_block<kCausal>(p, index, kBlockN, kBlockM, blk)) return;
   const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
 
-  const Element* k = blk.k_rows<Element>(p);
-  const Element* v = blk.v_rows<Element>(p);
-  load_rows<kBlockN, kHeadDim, kThreads>(k_tile, k, p.k_row_stride, p.seqlen_k - n0);
-  load_rows<kBlockN, kHeadDim, kThreads>(v_tile, v, p.v_row_stride, p.seqlen_k - n0);
-
-  const auto issue_step = [&](int64_t s, int buf) {
-    const int64_t h = blk.head(s);
-    const int64_t m0 = blk.m_block(s) * kBlockM;
-    const Element* q = blk.q_rows<Element>(p, h, m0);
-    const Element* dout = blk.dout_rows<Element>(p, h, m0);
-    load_rows<kBlockM, kHeadDim, kThreads>(base + Traits::kQOffset + buf * Traits::kQTileBytes, q, p.q_row_stride,
-                                           p.seqlen_q - m0);
-    load_rows<kBlockM, kHeadDim, kThreads>(base + Traits::kDoOffset + buf * Traits::kQTileBytes, dout,
-                                           p.do_row_stride, p.seqlen_q - m0);
-    static_assert(kBlockM / 2 <= kThreads);
-    copy_step_vectors<kBlockM>(ws, blk.workspace_row(p, ws.m_pad, h, m0),
-                               base + Traits::kLseOffset + buf * Traits::kVecBytes,
-                               base + Traits::kDOffset + buf * Traits::kVecBytes);
-  };
+  load_key_block<Traits>(p, blk, base);
+  const StepCopies<Traits> issue_step{p, blk, ws, base};
 
   if (steps > 0) issue_step(0, 0);
   mma::commit_copies();
@@ -487,7 +507,6 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
                                              [&](int i, int j) { return dv[i][j]; });
 }
 
-
 /// \brief One block of the backward with P and dS through shared memory (FlashBwdMmaSharedTraits):
 /// kBlockN keys of one (batch, kv head), the query blocks streaming by as in backward_block.
 template <typename Traits, bool kCausal, bool kDeterministic>
@@ -496,7 +515,6 @@ __device__ __forceinline__ void backward_block_shared(const AttentionBackwardPar
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
-  constexpr int kThreads = Traits::kThreads;
   constexpr int kKvDimTiles = Traits::kKvDimTiles;
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -515,23 +533,8 @@ __device__ __forceinline__ void backward_block_shared(const AttentionBackwardPar
   if (!locate_backward_block<kCausal>(p, index, kBlockN, kBlockM, blk)) return;
   const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
 
-  load_rows<kBlockN, kHeadDim, kThreads>(base + Traits::kKOffset, blk.k_rows<Element>(p), p.k_row_stride,
-                                         p.seqlen_k - n0);
-  load_rows<kBlockN, kHeadDim, kThreads>(base + Traits::kVOffset, blk.v_rows<Element>(p), p.v_row_stride,
-                                         p.seqlen_k - n0);
-
-  const auto issue_step = [&](int64_t s, int buf) {
-    const int64_t h = blk.head(s);
-    const int64_t m0 = blk.m_block(s) * kBlockM;
-    load_rows<kBlockM, kHeadDim, kThreads>(base + Traits::kQOffset + buf * Traits::kQTileBytes,
-                                           blk.q_rows<Element>(p, h, m0), p.q_row_stride, p.seqlen_q - m0);
-    load_rows<kBlockM, kHeadDim, kThreads>(base + Traits::kDoOffset + buf * Traits::kQTileBytes,
-                                           blk.dout_rows<Element>(p, h, m0), p.do_row_stride, p.seqlen_q - m0);
-    static_assert(kBlockM / 2 <= kThreads);
-    copy_step_vectors<kBlockM>(ws, blk.workspace_row(p, ws.m_pad, h, m0),
-                               base + Traits::kLseOffset + buf * Traits::kVecBytes,
-                               base + Traits::kDOffset + buf * Traits::kVecBytes);
-  };
+  load_key_block<Traits>(p, blk, base);
+  const StepCopies<Traits> issue_step{p, blk, ws, base};
 
   if (steps > 0) issue_step(0, 0);
   mma::commit_copies();
