@@ -311,25 +311,26 @@ def test_wgmma_main_kernels(monkeypatch, pipeline, dname, d):
             check_grads(grads, q, k, v, dout, causal, 1 / math.sqrt(d), dname)
 
 
-@pytest.mark.parametrize("dname", ["bf16", "fp16"])
-def test_mma_shared_kernel_head_dim_128(monkeypatch, dname):
+@pytest.mark.parametrize("dname,d", [("bf16", 128), ("fp16", 128), ("bf16", 64), ("fp16", 64)])
+def test_mma_shared_kernel(monkeypatch, dname, d):
     """The mma backward's form with P and dS through shared memory (WAVEBOOST_MMA_BACKWARD=shared, read
-    at every call; head dim 128): tails, Lq != Lk both ways, GQA/MQA, many steps per key block, causal
-    and not, a gradient into lse, and deterministic=True bitwise stable run to run."""
+    at every call; 64 query rows per step at head dim 128, 128 at head dim 64): tails, Lq != Lk both
+    ways, GQA/MQA, many steps per key block, causal and not, a gradient into lse, and
+    deterministic=True bitwise stable run to run."""
     monkeypatch.setenv("WAVEBOOST_MMA_BACKWARD", "shared")
-    scale = 1 / math.sqrt(128)
+    scale = 1 / math.sqrt(d)
     for i, (b, lq, lk, hkv) in enumerate(((2, 300, 260, 2), (1, 97, 1025, 8), (3, 1025, 97, 1), (1, 700, 700, 4),
                                           (2, 1100, 2100, 2))):
-        q, k, v, dout = random_inputs(b, lq, lk, HEADS, hkv, 128, DTYPES[dname], seed=100 * i + 7)
+        q, k, v, dout = random_inputs(b, lq, lk, HEADS, hkv, d, DTYPES[dname], seed=100 * i + d)
         for causal in (False, True):
             grads = run_backward("mma", q, k, v, dout, causal)
             check_grads(grads, q, k, v, dout, causal, scale, dname)
-    q, k, v, dout = random_inputs(2, 130, 70, HEADS, 2, 128, DTYPES[dname], seed=11)
+    q, k, v, dout = random_inputs(2, 130, 70, HEADS, 2, d, DTYPES[dname], seed=11)
     dlse = torch.randn(2, HEADS, 130, device="cuda", dtype=torch.float32)
     for causal in (False, True):
         grads = run_backward("mma", q, k, v, dout, causal, dlse=dlse)
         check_grads(grads, q, k, v, dout, causal, scale, dname, dlse=dlse)
-    q, k, v, dout = random_inputs(2, 700, 900, 8, 2, 128, DTYPES[dname], seed=13)
+    q, k, v, dout = random_inputs(2, 700, 900, 8, 2, d, DTYPES[dname], seed=13)
     for causal in (False, True):
         out, lse = waveboost.attention(q, k, v, causal=causal, return_lse=True, backend="mma")
         runs = [waveboost.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True,
@@ -343,7 +344,7 @@ def test_mma_shared_kernel_head_dim_128(monkeypatch, dname):
 
 def test_mma_shared_kernel_runs_the_backward_tests():
     """The mma backward tests of this file again in a child process with WAVEBOOST_MMA_BACKWARD=shared
-    (head dim 128 then runs the form with P and dS through shared memory)."""
+    (the 16-bit calls then run the form with P and dS through shared memory)."""
     from reference import pytest_in_child
 
     pytest_in_child(__file__, "mma and not fp32 and not shared_kernel and not wgmma",

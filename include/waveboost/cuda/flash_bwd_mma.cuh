@@ -78,30 +78,37 @@ struct FlashBwdMmaTraits : BackwardSmemLayout<kWarps_ * 16, 64, kHeadDim_, 2> {
 };
 
 /// \brief Compile-time choices of the mma.sync backward with P and dS through shared memory
-/// (FlashAttention-2's warp layout; WAVEBOOST_MMA_BACKWARD=shared, head dim 128): 128 keys per block,
-/// 64 query rows per step, 8 warps. S and dP are split 2 x 4 over the warps (32 query rows x 32 keys
-/// each), dK and dV 4 x 2 (32 keys x 64 dims), dQ 2 x 4 (32 query rows x 32 dims); P and dS meet the
-/// dV, dK and dQ products in shared memory ([query][key] tiles). Per warp and step that is 144
-/// ldmatrix.x4 for 320 mma where the register form (P^T kept as the A operand of dV) takes 184.
+/// (FlashAttention-2's warp layout; WAVEBOOST_MMA_BACKWARD=shared): 128 keys per block and 8 warps;
+/// 64 query rows per step at head dim 128, 128 at head dim 64. S and dP are split 2 x 4 over the
+/// warps (kScoreRows query rows x 32 keys each), dK and dV 4 x 2 (32 keys x kHeadDim / 2 dims), dQ
+/// kDqWarpsM x kDqWarpsD (32 query rows x kDqDims dims); P and dS meet the dV, dK and dQ products in
+/// shared memory ([query][key] tiles). At head dim 128 that is 144 ldmatrix.x4 per warp and step of 64
+/// rows for 320 mma, where the register form (P^T kept as the A operand of dV) takes 184; at head dim 64,
+/// 144 per 128 rows against the register form's 2 x 92.
 template <typename Element_, int kHeadDim_>
-struct FlashBwdMmaSharedTraits : BackwardSmemLayout<128, 64, kHeadDim_, 2> {
+struct FlashBwdMmaSharedTraits : BackwardSmemLayout<128, kHeadDim_ == 64 ? 128 : 64, kHeadDim_, 2> {
   using Element = Element_;
-  using Layout = BackwardSmemLayout<128, 64, kHeadDim_, 2>;
+  using Layout = BackwardSmemLayout<128, kHeadDim_ == 64 ? 128 : 64, kHeadDim_, 2>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockN = 128;
-  static constexpr int kBlockM = 64;
+  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;
+  static constexpr int kScoreRows = kBlockM / 2;  // S / dP rows per warp
+  static constexpr int kScoreTiles = kScoreRows / 16;
   static constexpr int kKvDims = kHeadDim / 2;  // dK / dV dims per warp
   static constexpr int kKvDimTiles = kKvDims / 8;
-  static constexpr int kDqDims = kHeadDim / 4;  // dQ dims per warp
+  static constexpr int kDqWarpsM = kBlockM / 32;  // dQ: warps along the rows (32 each) and the dims
+  static constexpr int kDqWarpsD = kWarps / kDqWarpsM;
+  static constexpr int kDqDims = kHeadDim / kDqWarpsD;
   static constexpr int kDqDimTiles = kDqDims / 8;
   // P ([query][key], 16-bit) after the layout's tiles and vectors; dS lies in the layout's dS tile.
   static constexpr int kPOffset = (Layout::kLayoutBytes + 127) / 128 * 128;
   static constexpr int kSmemBytes = kPOffset + Layout::kDsTileBytes;
 
-  static_assert(kHeadDim == 128, "head_dim 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(sizeof(Element) == 2, "16-bit elements");
+  static_assert(kKvDimTiles % 2 == 0 && kDqDimTiles % 2 == 0, "n8 tiles in pairs (ldmatrix.x4)");
   static_assert(Layout::kDsOffset % 128 == 0 && Layout::kQOffset % 128 == 0 && Layout::kDoOffset % 128 == 0 &&
                 Layout::kVOffset % 128 == 0 && Layout::kQTileBytes % 128 == 0, "128 B-aligned tiles");
 };
@@ -539,6 +546,8 @@ __device__ __forceinline__ void backward_block_shared(const AttentionBackwardPar
   if (steps > 0) issue_step(0, 0);
   mma::commit_copies();
 
+  constexpr int kScoreTiles = Traits::kScoreTiles;
+  constexpr int kScoreRows = Traits::kScoreRows;
   // dK and dV: this warp's 32 keys (two m16 tiles) x kKvDims dims (kKvDimTiles n8 tiles).
   float dk[2][kKvDimTiles][4];
   float dv[2][kKvDimTiles][4];
@@ -548,11 +557,11 @@ __device__ __forceinline__ void backward_block_shared(const AttentionBackwardPar
   zero_fill(dv[1]);
 
   const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
-  // The warps' tiles: S and dP 32 query rows (sm) x 32 keys (sn); dK and dV 32 keys (kn) x kKvDims
-  // dims (kd); dQ 32 query rows (qm) x kDqDims dims (qd).
+  // The warps' tiles: S and dP kScoreRows query rows (sm) x 32 keys (sn); dK and dV 32 keys (kn) x
+  // kKvDims dims (kd); dQ 32 query rows (qm) x kDqDims dims (qd).
   const int sm = warp % 2, sn = warp / 2;
   const int kn = warp % 4, kd = warp / 4;
-  const int qm = warp % 2, qd = warp / 2;
+  const int qm = warp % Traits::kDqWarpsM, qd = warp / Traits::kDqWarpsM;
 
   // Lane addresses (tiles 128 B multiples apart, so one base serves every tile of a width): A from
   // [row][k] rows (Q, dO; dS); B from [n][k] rows (K, V); B with k along the rows (.trans: dO, Q, K);
@@ -573,25 +582,28 @@ __device__ __forceinline__ void backward_block_shared(const AttentionBackwardPar
     const int64_t m0 = m_index * kBlockM;
     const uint32_t q_buf = Traits::kQOffset + buf * Traits::kQTileBytes;
 
-    // S = Q K^T and dP = dO V^T for 32 query rows x 32 keys. Accumulator [mt][nt][e]: query row
-    // 32 sm + 16 mt + g + 8 (e / 2), key 32 sn + 8 nt + 2 t + e % 2 (of the block).
-    float sc[2][4][4];
-    float dp[2][4][4];
-    zero_fill(sc[0]);
-    zero_fill(sc[1]);
-    zero_fill(dp[0]);
-    zero_fill(dp[1]);
+    // S = Q K^T and dP = dO V^T for kScoreRows query rows x 32 keys. Accumulator [mt][nt][e]: query
+    // row kScoreRows sm + 16 mt + g + 8 (e / 2), key 32 sn + 8 nt + 2 t + e % 2 (of the block).
+    float sc[kScoreTiles][4][4];
+    float dp[kScoreTiles][4][4];
+#pragma unroll
+    for (int mt = 0; mt < kScoreTiles; ++mt) {
+      zero_fill(sc[mt]);
+      zero_fill(dp[mt]);
+    }
 #pragma unroll
     for (int ds = 0; ds < kHeadDim / 16; ++ds) {
-      uint32_t a[2][4];
+      uint32_t a[kScoreTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) mma::load_matrix_x4(a[mt], a_dim.at(32 * sm + 16 * mt, ds) + q_buf);
+      for (int mt = 0; mt < kScoreTiles; ++mt) {
+        mma::load_matrix_x4(a[mt], a_dim.at(kScoreRows * sm + 16 * mt, ds) + q_buf);
+      }
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         uint32_t b[4];
         mma::load_matrix_x4(b, b_dim.at(32 * sn + 16 * np, ds) + Traits::kKOffset);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < kScoreTiles; ++mt) {
           mma::mma_16x8x16<Element>(sc[mt][2 * np], a[mt], b[0], b[1]);
           mma::mma_16x8x16<Element>(sc[mt][2 * np + 1], a[mt], b[2], b[3]);
         }
@@ -599,15 +611,17 @@ __device__ __forceinline__ void backward_block_shared(const AttentionBackwardPar
     }
 #pragma unroll
     for (int ds = 0; ds < kHeadDim / 16; ++ds) {
-      uint32_t a[2][4];
+      uint32_t a[kScoreTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) mma::load_matrix_x4(a[mt], a_dim.at(32 * sm + 16 * mt, ds) + q_buf + kDoFromQ);
+      for (int mt = 0; mt < kScoreTiles; ++mt) {
+        mma::load_matrix_x4(a[mt], a_dim.at(kScoreRows * sm + 16 * mt, ds) + q_buf + kDoFromQ);
+      }
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         uint32_t b[4];
         mma::load_matrix_x4(b, b_dim.at(32 * sn + 16 * np, ds) + Traits::kVOffset);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < kScoreTiles; ++mt) {
           mma::mma_16x8x16<Element>(dp[mt][2 * np], a[mt], b[0], b[1]);
           mma::mma_16x8x16<Element>(dp[mt][2 * np + 1], a[mt], b[2], b[3]);
         }
@@ -619,10 +633,10 @@ __device__ __forceinline__ void backward_block_shared(const AttentionBackwardPar
     const float* d_row = d_smem + buf * kBlockM;
     with_step_mask<true>(backward_tile_masked<kCausal>(p, blk, kBlockN, m0), [&](auto masked) {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+      for (int mt = 0; mt < kScoreTiles; ++mt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int row = 32 * sm + 16 * mt + g + 8 * (e / 2);
+          const int row = kScoreRows * sm + 16 * mt + g + 8 * (e / 2);
           const float lse = lse_row[row];
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt) {
@@ -634,10 +648,10 @@ __device__ __forceinline__ void backward_block_shared(const AttentionBackwardPar
       }
     });
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < kScoreTiles; ++mt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = 32 * sm + 16 * mt + g + 8 * half;
+        const int row = kScoreRows * sm + 16 * mt + g + 8 * half;
         const float d = d_row[row];
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
@@ -684,6 +698,7 @@ __device__ __forceinline__ void backward_block_shared(const AttentionBackwardPar
     __syncthreads();
 
     // dQ (kBlockM x kHeadDim) += dS K: this warp's 32 query rows x kDqDims dims.
+    static_assert(Traits::kDqWarpsM * 32 == kBlockM);
     float* dq_rows = ws.dq_accum + (blk.workspace_row(p, ws.m_pad, h, m0) + 32 * qm) * kHeadDim;
     int* semaphore = kDeterministic ? ws.semaphores + blk.workspace_row(p, ws.m_pad, h, m0) / kBlockM : nullptr;
     if constexpr (kDeterministic) {
@@ -801,11 +816,15 @@ inline int flash_bwd_mma_smem_bytes(int64_t head_dim) {
   }
 }
 
+// The workspace's rows per (batch, head): seqlen_q rounded up to kFlashBwdPadM, a multiple of every
+// flash backward's query block (the largest: the shared-memory form's 128 rows at head dim 64).
+inline constexpr int kFlashBwdPadM = 128;
+
 // Bytes of the workspace: dQ accumulator, lse * log2(e), D, and (deterministic) the semaphores,
 // one per query block of the smallest query block of any flash backward (kFlashBwdMinBlockM).
 inline size_t flash_bwd_mma_workspace_bytes(const AttentionBackwardParams& p, int64_t* m_pad) {
-  constexpr int64_t kBlockM = FlashBwdMmaTraitsFor<64>::kBlockM;
-  static_assert(kBlockM == FlashBwdMmaTraitsFor<128>::kBlockM && kBlockM % kFlashBwdMinBlockM == 0);
+  constexpr int64_t kBlockM = kFlashBwdPadM;
+  static_assert(kBlockM % FlashBwdMmaTraitsFor<64>::kBlockM == 0 && kBlockM % kFlashBwdMinBlockM == 0);
   *m_pad = (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM;
   const int64_t rows = p.batch * p.heads * *m_pad;
   size_t bytes = static_cast<size_t>(rows) * (p.head_dim + 2) * sizeof(float);
@@ -844,7 +863,7 @@ Status launch_flash_backward(const AttentionBackwardParams& p, void* workspace, 
   constexpr int64_t kMaxGrid = 1 << 20;  // grid-stride kernels: enough blocks to fill any GPU
   FlashBwdWorkspace ws;
   flash_bwd_mma_workspace_bytes(p, &ws.m_pad);
-  static_assert(FlashBwdMmaTraitsFor<kHeadDim>::kBlockM % kBlockM == 0 && kBlockM >= kFlashBwdMinBlockM,
+  static_assert(kFlashBwdPadM % kBlockM == 0 && kBlockM >= kFlashBwdMinBlockM,
                 "the workspace's row padding and semaphores");
   const int64_t rows = p.batch * p.heads * ws.m_pad;
   ws.dq_accum = static_cast<float*>(workspace);
@@ -873,7 +892,7 @@ Status launch_flash_backward(const AttentionBackwardParams& p, void* workspace, 
   return Status::Ok();
 }
 
-/// \brief Whether the head dim 128 backward runs the kernel with P and dS through shared memory:
+/// \brief Whether the 16-bit backward runs the kernel with P and dS through shared memory:
 /// WAVEBOOST_MMA_BACKWARD=shared (read at every call), to measure it against the register form.
 inline bool mma_backward_shared() {
   const char* v = std::getenv("WAVEBOOST_MMA_BACKWARD");
@@ -882,7 +901,7 @@ inline bool mma_backward_shared() {
 
 template <typename Element, int kHeadDim>
 Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
-  if constexpr (kHeadDim == 128) {
+  if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     if (mma_backward_shared()) {
       using Traits = FlashBwdMmaSharedTraits<Element, kHeadDim>;
       return launch_flash_backward<Element, kHeadDim, Traits::kBlockM>(
