@@ -312,12 +312,10 @@ def test_wgmma_main_kernels(monkeypatch, pipeline, dname, d):
 
 
 @pytest.mark.parametrize("dname,d", [("bf16", 128), ("fp16", 128), ("bf16", 64), ("fp16", 64)])
-def test_mma_shared_kernel(monkeypatch, dname, d):
-    """The mma backward's form with P and dS through shared memory (WAVEBOOST_MMA_BACKWARD=shared, read
-    at every call; 64 query rows per step at head dim 128, 128 at head dim 64): tails, Lq != Lk both
-    ways, GQA/MQA, many steps per key block, causal and not, a gradient into lse, and
-    deterministic=True bitwise stable run to run."""
-    monkeypatch.setenv("WAVEBOOST_MMA_BACKWARD", "shared")
+def test_mma_main_kernel_steps(dname, d):
+    """The 16-bit mma backward's main kernel (128 keys per block; 64 query rows per step at head dim
+    128, 128 at head dim 64) on tails of both blocks, Lq != Lk both ways, GQA/MQA, many steps per key
+    block, causal and not, a gradient into lse, and deterministic=True bitwise stable run to run."""
     scale = 1 / math.sqrt(d)
     for i, (b, lq, lk, hkv) in enumerate(((2, 300, 260, 2), (1, 97, 1025, 8), (3, 1025, 97, 1), (1, 700, 700, 4),
                                           (2, 1100, 2100, 2))):
@@ -341,11 +339,3 @@ def test_mma_shared_kernel(monkeypatch, dname, d):
                 assert torch.equal(a.view(torch.int16), b.view(torch.int16)), "bitwise stable run to run"
         check_grads(runs[0], q, k, v, dout, causal, scale, dname)
 
-
-def test_mma_shared_kernel_runs_the_backward_tests():
-    """The mma backward tests of this file again in a child process with WAVEBOOST_MMA_BACKWARD=shared
-    (the 16-bit calls then run the form with P and dS through shared memory)."""
-    from reference import pytest_in_child
-
-    pytest_in_child(__file__, "mma and not fp32 and not shared_kernel and not wgmma",
-                    {"WAVEBOOST_MMA_BACKWARD": "shared"})

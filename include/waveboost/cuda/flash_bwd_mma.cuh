@@ -8,28 +8,28 @@
 //   main         one block per (key block of kBlockN keys, batch, kv head); K and V stay in
 //                shared memory, dK and dV in registers, while the query blocks of every query
 //                head of the kv head's group stream by (Q, dO, lse, D double-buffered, cp.async):
-//                  S^T  = K Q^T                  keys are the M side: each warp owns 16 keys
-//                  P^T  = exp2(c log2(e) S^T - lse log2(e))
-//                  dP^T = V dO^T
-//                  dS^T = P^T * (dP^T - D)       (the gradient of the scaled score; dlse is in D)
-//                  dV  += P^T dO                 P^T's accumulators are the A operand as they stand
-//                  dK  += dS^T Q                 likewise dS^T (c is applied at the end)
-//                  dQ  += dS K                   dS^T through shared memory; 16 B fp32 reductions
-//                                                into the accumulator (red.global.add.v4.f32 on
-//                                                sm_90), or, deterministic, plain adds by one key
-//                                                block at a time in a fixed key-block order (a
-//                                                per-(head, query block) semaphore)
+//                  S   = Q K^T, dP = dO V^T      each warp a slab of query rows x 32 keys
+//                  P   = exp2(c log2(e) S - lse log2(e))
+//                  dS  = P * (dP - D)            (the gradient of the scaled score; dlse is in D)
+//                                                P and dS to shared memory as [query][key] tiles
+//                  dV += P^T dO, dK += dS^T Q    each warp 32 keys x half the dims; P^T and dS^T
+//                                                read back by ldmatrix .trans (c applied at the end)
+//                  dQ += dS K                    each warp 32 query rows x a slab of dims; 16 B fp32
+//                                                reductions into the accumulator
+//                                                (red.global.add.v4.f32 on sm_90), or,
+//                                                deterministic, plain adds by one key block at a
+//                                                time in a fixed key-block order (a per-(head,
+//                                                query block) semaphore)
 //   convert      dq = c * dQ accumulator, in the element type
 //
 // The fragment layouts are those of mma_primitives.cuh. Tiles in shared memory have their 16 B
 // chunks XOR-swizzled by row (chunk ^ (row % 8)), so that eight rows of one ldmatrix (plain or
 // .trans) hit eight distinct bank groups. Operands read "transposed" (dO, Q and K as the B
-// operand with k along rows, dS^T as the A operand of dS K) use ldmatrix .trans.
+// operand with k along rows, P^T and dS^T as the A operands of dV and dK) use ldmatrix .trans.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -40,53 +40,23 @@
 
 namespace waveboost::cuda {
 
-/// \brief Compile-time choices of the mma.sync backward.
-/// \tparam Element_  __half or __nv_bfloat16; accumulation is fp32.
-/// \tparam kHeadDim_ 64 or 128.
-/// \tparam kWarps_   4 or 8 (kFlashBwdMmaWarps picks per head dim): 16 keys per warp.
-template <typename Element_, int kHeadDim_, int kWarps_>
-struct FlashBwdMmaTraits : BackwardSmemLayout<kWarps_ * 16, 64, kHeadDim_, 2> {
-  using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kWarps = kWarps_;
-  static constexpr int kThreads = kWarps * 32;
-  // Keys per block: one m16 tile per warp. dK and dV take kHeadDim / 2 floats per thread each.
-  static constexpr int kBlockN = kWarps * 16;
-  // Query rows per step: S^T and dP^T take kBlockM / 2 floats per thread each. dQ splits its
-  // kBlockM x kHeadDim tile over the warps: kDqWarpsM m16 tiles of rows x kDqWarpsD dim ranges.
-  static constexpr int kBlockM = 64;
-  static constexpr int kDqWarpsM = kBlockM / 16;
-  static constexpr int kDqWarpsD = kWarps / kDqWarpsM;
-  static constexpr int kChunk = 8;  // elements per 16 B
+// The smallest key block of the mma backwards at a head dim (16-bit: 128; fp32: 64 at head dim 64,
+// 128 at 128), 0 if unsupported: the host's grid and semaphore checks count blocks of it, which
+// bounds every form's count. Each form's traits assert that their key block is not smaller.
+inline constexpr int64_t flash_bwd_mma_block_n(int64_t head_dim) {
+  return head_dim == 64 ? 64 : head_dim == 128 ? 128 : 0;
+}
 
-  static constexpr int kDimSlices = kHeadDim / 16;   // k16 slices of S^T and dP^T
-  static constexpr int kDimTiles = kHeadDim / 8;     // n8 tiles of dK, dV, dQ
-  static constexpr int kQueryTiles = kBlockM / 8;    // n8 tiles of S^T and dP^T
-  static constexpr int kQuerySlices = kBlockM / 16;  // k16 slices of dV and dK
-  static constexpr int kKeySlices = kBlockN / 16;    // k16 slices of dQ
-  static constexpr int kDqTilesPerWarp = kDimTiles / kDqWarpsD;
-  static constexpr int kDqTilesPerPass = kDqTilesPerWarp < 8 ? kDqTilesPerWarp : 8;  // at most 32 registers
-
-  using Layout = BackwardSmemLayout<kWarps_ * 16, 64, kHeadDim_, 2>;
-  static constexpr int kSmemBytes = Layout::kLayoutBytes;
-
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
-  static_assert(sizeof(Element) == 2, "16-bit elements");
-  static_assert(Layout::kKVTileBytes == kBlockN * kHeadDim * 2 && Layout::kQTileBytes == kBlockM * kHeadDim * 2);
-  static_assert(kWarps % kDqWarpsM == 0 && kDqTilesPerWarp % kDqTilesPerPass == 0 && kDqTilesPerPass % 2 == 0);
-  static_assert(kBlockM / kChunk >= 8 && kHeadDim / kChunk >= 8, "the swizzle needs rows of >= 8 chunks");
-};
-
-/// \brief Compile-time choices of the mma.sync backward with P and dS through shared memory
-/// (FlashAttention-2's warp layout; WAVEBOOST_MMA_BACKWARD=shared): 128 keys per block and 8 warps;
-/// 64 query rows per step at head dim 128, 128 at head dim 64. S and dP are split 2 x 4 over the
-/// warps (kScoreRows query rows x 32 keys each), dK and dV 4 x 2 (32 keys x kHeadDim / 2 dims), dQ
-/// kDqWarpsM x kDqWarpsD (32 query rows x kDqDims dims); P and dS meet the dV, dK and dQ products in
-/// shared memory ([query][key] tiles). At head dim 128 that is 144 ldmatrix.x4 per warp and step of 64
-/// rows for 320 mma, where the register form (P^T kept as the A operand of dV) takes 184; at head dim 64,
-/// 144 per 128 rows against the register form's 2 x 92.
+/// \brief Compile-time choices of the mma.sync backward (FlashAttention-2's warp layout): 128 keys per
+/// block and 8 warps; 64 query rows per step at head dim 128, 128 at head dim 64. S and dP are split
+/// 2 x 4 over the warps (kScoreRows query rows x 32 keys each), dK and dV 4 x 2 (32 keys x kHeadDim / 2
+/// dims), dQ kDqWarpsM x kDqWarpsD (32 query rows x kDqDims dims); P and dS meet the dV, dK and dQ
+/// products in shared memory ([query][key] tiles). Per warp and step that is 144 ldmatrix.x4 for 320
+/// mma at head dim 128 (64 rows) and 144 per 128 rows at head dim 64; a layout of 16 keys per warp
+/// with P^T kept in registers as dV's A operand took 184 per 64 rows at head dim 128, and ran
+/// 1.08-1.19x slower on an H100 (benchmarks/NOTES.md).
 template <typename Element_, int kHeadDim_>
-struct FlashBwdMmaSharedTraits : BackwardSmemLayout<128, kHeadDim_ == 64 ? 128 : 64, kHeadDim_, 2> {
+struct FlashBwdMmaTraits : BackwardSmemLayout<128, kHeadDim_ == 64 ? 128 : 64, kHeadDim_, 2> {
   using Element = Element_;
   using Layout = BackwardSmemLayout<128, kHeadDim_ == 64 ? 128 : 64, kHeadDim_, 2>;
   static constexpr int kHeadDim = kHeadDim_;
@@ -108,6 +78,7 @@ struct FlashBwdMmaSharedTraits : BackwardSmemLayout<128, kHeadDim_ == 64 ? 128 :
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(sizeof(Element) == 2, "16-bit elements");
+  static_assert(kBlockN >= flash_bwd_mma_block_n(kHeadDim), "the host's grid check (flash_bwd_mma_block_n)");
   static_assert(kKvDimTiles % 2 == 0 && kDqDimTiles % 2 == 0, "n8 tiles in pairs (ldmatrix.x4)");
   static_assert(Layout::kDsOffset % 128 == 0 && Layout::kQOffset % 128 == 0 && Layout::kDoOffset % 128 == 0 &&
                 Layout::kVOffset % 128 == 0 && Layout::kQTileBytes % 128 == 0, "128 B-aligned tiles");
@@ -317,207 +288,10 @@ struct StepCopies {
   }
 };
 
-/// \brief One block: kBlockN keys of one (batch, kv head).
+/// \brief One block: kBlockN keys of one (batch, kv head), the query blocks of every query head of
+/// its group streaming by.
 template <typename Traits, bool kCausal, bool kDeterministic>
 __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws) {
-  using Element = typename Traits::Element;
-  constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kBlockN = Traits::kBlockN;
-  constexpr int kHeadDim = Traits::kHeadDim;
-
-  extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t base = mma::shared_address(smem);
-  const uint32_t k_tile = base + Traits::kKOffset;
-  const uint32_t v_tile = base + Traits::kVOffset;
-  const uint32_t ds_tile = base + Traits::kDsOffset;
-  const float* lse_smem = reinterpret_cast<const float*>(smem + Traits::kLseOffset);
-  const float* d_smem = reinterpret_cast<const float*>(smem + Traits::kDOffset);
-
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int g = lane / 4;
-  const int t = lane % 4;
-
-  const BackwardBlockIndex index = backward_block_index<kCausal>(kDeterministic);
-  const int64_t n_block = index.n_block;
-  BackwardBlock blk;
-  if (!locate_backward_block<kCausal>(p, index, kBlockN, kBlockM, blk)) return;
-  const int64_t n0 = blk.n0, causal_offset = blk.causal_offset, steps = blk.steps;
-
-  load_key_block<Traits>(p, blk, base);
-  const StepCopies<Traits> issue_step{p, blk, ws, base};
-
-  if (steps > 0) issue_step(0, 0);
-  mma::commit_copies();
-
-  float dk[Traits::kDimTiles][4];
-  float dv[Traits::kDimTiles][4];
-  zero_fill(dk);
-  zero_fill(dv);
-
-  const float scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
-  const int key_row = warp * 16;  // this warp's keys within the block
-
-  // Lane addresses: K/V rows as the A operand (plain); Q/dO rows as the B operand (plain, S^T and
-  // dP^T); dO/Q/K rows as the B operand with k along the rows (.trans); dS^T as dQ's A (.trans).
-  // Q and dO, K and V, and the buffers lie 128 B multiples apart, so one base serves each pair.
-  static_assert(Traits::kVOffset % 128 == 0 && Traits::kQOffset % 128 == 0 && Traits::kDoOffset % 128 == 0 &&
-                Traits::kQTileBytes % 128 == 0 && Traits::kDsOffset % 128 == 0);
-  const auto kv_a = LaneAddress<kHeadDim>::make(k_tile, key_row + lane % 16, lane / 16);
-  const auto qdo_b = LaneAddress<kHeadDim>::make(base + Traits::kQOffset, lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
-  const auto rows_bt = LaneAddress<kHeadDim>::make(base, lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
-  const int dq_m = warp % Traits::kDqWarpsM;  // dQ: this warp's m16 tile of query rows
-  const int dq_tile0 = warp / Traits::kDqWarpsM * Traits::kDqTilesPerWarp;  // and its first n8 tile of dims
-  const uint32_t ds_a = LaneAddress<kBlockM>::make(ds_tile, lane % 8 + 8 * (lane / 16), (lane / 8) % 2).at(0, dq_m);
-  constexpr uint32_t kVFromK = Traits::kVOffset - Traits::kKOffset;
-  constexpr uint32_t kDoFromQ = Traits::kDoOffset - Traits::kQOffset;
-
-  for (int64_t s = 0; s < steps; ++s) {
-    const int buf = static_cast<int>(s & 1);
-    begin_step(s, steps, buf, issue_step);
-
-    const int64_t h = blk.head(s);
-    const int64_t m_index = blk.m_block(s);
-    const int64_t m0 = m_index * kBlockM;
-    const float* lse_row = lse_smem + buf * kBlockM;
-    const float* d_row = d_smem + buf * kBlockM;
-
-    // S^T = K Q^T for this warp's 16 keys x kBlockM queries, then P^T in place; then dP^T = V dO^T.
-    // Accumulator (nt, e): key n0 + key_row + g + 8 (e / 2), query m0 + 8 nt + 2 t + e % 2.
-    float st[Traits::kQueryTiles][4];
-    float dpt[Traits::kQueryTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
-    }
-#pragma unroll
-    for (int ds = 0; ds < Traits::kDimSlices; ++ds) {
-      uint32_t a_k[4];
-      mma::load_matrix_x4(a_k, kv_a.at(0, ds));
-#pragma unroll
-      for (int np = 0; np < Traits::kQueryTiles / 2; ++np) {
-        uint32_t b_q[4];
-        mma::load_matrix_x4(b_q, qdo_b.at(16 * np, ds) + buf * Traits::kQTileBytes);
-        mma::mma_16x8x16<Element>(st[2 * np], a_k, b_q[0], b_q[1]);
-        mma::mma_16x8x16<Element>(st[2 * np + 1], a_k, b_q[2], b_q[3]);
-      }
-    }
-
-    with_step_mask<kHeadDim == 128>(backward_tile_masked<kCausal>(p, blk, kBlockN, m0), [&](auto masked) {
-#pragma unroll
-      for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = 8 * nt + 2 * t + e % 2;
-          st[nt][e] = backward_probability<kCausal>(st[nt][e], scale_log2, lse_row[col], bool(masked),
-                                                    n0 + key_row + g + 8 * (e / 2), m0 + col, p, causal_offset);
-        }
-      }
-    });
-
-#pragma unroll
-    for (int ds = 0; ds < Traits::kDimSlices; ++ds) {
-      uint32_t a_v[4];
-      mma::load_matrix_x4(a_v, kv_a.at(0, ds) + kVFromK);
-#pragma unroll
-      for (int np = 0; np < Traits::kQueryTiles / 2; ++np) {
-        uint32_t b_do[4];
-        mma::load_matrix_x4(b_do, qdo_b.at(16 * np, ds) + buf * Traits::kQTileBytes + kDoFromQ);
-        mma::mma_16x8x16<Element>(dpt[2 * np], a_v, b_do[0], b_do[1]);
-        mma::mma_16x8x16<Element>(dpt[2 * np + 1], a_v, b_do[2], b_do[3]);
-      }
-    }
-
-    // dS^T = P^T (dP^T - D); both packed to 16 bits as A operands (tile nt fills half nt % 2 of
-    // k16 slice nt / 2: registers {0, 1} for its rows g and g + 8, {2, 3} for the next tile).
-    uint32_t pt[Traits::kQuerySlices][4];
-    uint32_t dst[Traits::kQuerySlices][4];
-#pragma unroll
-    for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int col = 8 * nt + 2 * t;
-        const float p0 = st[nt][2 * half], p1 = st[nt][2 * half + 1];
-        pt[nt / 2][2 * (nt % 2) + half] = pack_pair<Element>(p0, p1);
-        dst[nt / 2][2 * (nt % 2) + half] = pack_pair<Element>(p0 * (dpt[nt][2 * half] - d_row[col]),
-                                                              p1 * (dpt[nt][2 * half + 1] - d_row[col + 1]));
-      }
-    }
-
-    // dS^T to shared memory ([key][query]) for dQ: one 4 B word per (row, chunk, t).
-#pragma unroll
-    for (int nt = 0; nt < Traits::kQueryTiles; ++nt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint32_t addr = swizzled<kBlockM>(ds_tile, key_row + g + 8 * half, nt) + 4 * t;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dst[nt / 2][2 * (nt % 2) + half]) : "memory");
-      }
-    }
-
-    // dV += P^T dO and dK += dS^T Q: B operands with k along the query rows (.trans).
-#pragma unroll
-    for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
-#pragma unroll
-      for (int dp = 0; dp < Traits::kDimTiles / 2; ++dp) {
-        const uint32_t q_at = rows_bt.at(16 * ks, dp) + Traits::kQOffset + buf * Traits::kQTileBytes;
-        uint32_t b_do[4], b_q[4];
-        mma::load_matrix_x4_trans(b_do, q_at + kDoFromQ);
-        mma::load_matrix_x4_trans(b_q, q_at);
-        mma::mma_16x8x16<Element>(dv[2 * dp], pt[ks], b_do[0], b_do[1]);
-        mma::mma_16x8x16<Element>(dv[2 * dp + 1], pt[ks], b_do[2], b_do[3]);
-        mma::mma_16x8x16<Element>(dk[2 * dp], dst[ks], b_q[0], b_q[1]);
-        mma::mma_16x8x16<Element>(dk[2 * dp + 1], dst[ks], b_q[2], b_q[3]);
-      }
-    }
-    __syncthreads();  // dS^T complete
-
-    // dQ (kBlockM x kHeadDim) += dS K: this warp's 16 query rows x kDqTilesPerWarp n8 tiles of dims.
-    float* dq_rows = ws.dq_accum + (blk.workspace_row(p, ws.m_pad, h, m0) + 16 * dq_m) * kHeadDim;
-    int* semaphore = kDeterministic ? ws.semaphores + blk.workspace_row(p, ws.m_pad, h, m0) / kBlockM : nullptr;
-    if constexpr (kDeterministic) {
-      wait_for_dq_turn<kCausal>(semaphore, n_block, m_index, kBlockM, kBlockN, causal_offset);
-    }
-#pragma unroll
-    for (int pass = 0; pass < Traits::kDqTilesPerWarp / Traits::kDqTilesPerPass; ++pass) {
-      float dq[Traits::kDqTilesPerPass][4];
-#pragma unroll
-      for (int dt = 0; dt < Traits::kDqTilesPerPass; ++dt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dq[dt][e] = 0.f;
-      }
-#pragma unroll
-      for (int ks = 0; ks < Traits::kKeySlices; ++ks) {
-        uint32_t a_ds[4];
-        mma::load_matrix_x4_trans(a_ds, ds_a + 16 * ks * kBlockM * 2);
-#pragma unroll
-        for (int dp = 0; dp < Traits::kDqTilesPerPass / 2; ++dp) {
-          uint32_t b_k[4];
-          mma::load_matrix_x4_trans(b_k, rows_bt.at(16 * ks, (dq_tile0 + pass * Traits::kDqTilesPerPass) / 2 + dp) + Traits::kKOffset);
-          mma::mma_16x8x16<Element>(dq[2 * dp], a_ds, b_k[0], b_k[1]);
-          mma::mma_16x8x16<Element>(dq[2 * dp + 1], a_ds, b_k[2], b_k[3]);
-        }
-      }
-      // One 16 B reduction of four consecutive dims per thread (dq_quad).
-#pragma unroll
-      for (int dt = 0; dt < Traits::kDqTilesPerPass; ++dt) {
-        const DqQuad quad = dq_quad(dq[dt][0], dq[dt][1], dq[dt][2], dq[dt][3], g, t);
-        const int dim = (dq_tile0 + pass * Traits::kDqTilesPerPass + dt) * 8 + quad.col;
-        add_dq_16B<kDeterministic>(reinterpret_cast<float4*>(dq_rows + quad.row * kHeadDim + dim), quad.sum);
-      }
-    }
-    if constexpr (kDeterministic) pass_turn(semaphore);
-  }
-  mma::wait_copies<0>();  // with no step, K and V were loaded for nothing: never exit with copies in flight
-
-  store_key_rows<Element, Traits::kDimTiles>(p, blk, n0 + key_row, g, t, [&](int i, int j) { return dk[i][j]; },
-                                             [&](int i, int j) { return dv[i][j]; });
-}
-
-/// \brief One block of the backward with P and dS through shared memory (FlashBwdMmaSharedTraits):
-/// kBlockN keys of one (batch, kv head), the query blocks streaming by as in backward_block.
-template <typename Traits, bool kCausal, bool kDeterministic>
-__device__ __forceinline__ void backward_block_shared(const AttentionBackwardParams& p, const FlashBwdWorkspace& ws) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -761,51 +535,24 @@ __device__ __forceinline__ void backward_block_shared(const AttentionBackwardPar
 
 }  // namespace flash_bwd
 
-// Warps per block of the main kernel (kWarps x 16 keys per block). On an H100 (bf16, FA2 grid,
-// benchmarks/backward_bench.py; benchmarks/NOTES.md) 8 warps ran head dim 128 faster than 4
-// (half the dQ reductions and Q/dO loads per key); at head dim 64 the two were close, with 4
-// (two blocks per SM) ahead on causal.
-template <int kHeadDim>
-inline constexpr int kFlashBwdMmaWarps = kHeadDim == 128 ? 8 : 4;
-
-/// \brief The main backward kernel with P and dS through shared memory (FlashBwdMmaSharedTraits).
+/// \brief The main backward kernel; grid (key blocks, batch * heads_kv folded over y and z), one
+/// block of 8 warps per SM.
 template <typename Element, int kHeadDim, bool kCausal, bool kDeterministic>
-__global__ void __launch_bounds__(FlashBwdMmaSharedTraits<Element, kHeadDim>::kThreads, 1)
-    flash_bwd_mma_shared_kernel(const __grid_constant__ AttentionBackwardParams p, const FlashBwdWorkspace ws) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();  // cp.async and bf16 mma need sm_80; mma_can_implement_backward refuses older devices
-#else
-  flash_bwd::backward_block_shared<FlashBwdMmaSharedTraits<Element, kHeadDim>, kCausal, kDeterministic>(p, ws);
-#endif
-}
-
-/// \brief The main backward kernel; grid (key blocks, batch * heads_kv folded over y and z).
-/// 255 registers per thread: one block of 8 warps (or two of 4) per SM.
-template <typename Element, int kHeadDim, int kWarps, bool kCausal, bool kDeterministic>
-__global__ void __launch_bounds__(kWarps * 32, 8 / kWarps)
+__global__ void __launch_bounds__(FlashBwdMmaTraits<Element, kHeadDim>::kThreads, 1)
     flash_bwd_mma_kernel(const __grid_constant__ AttentionBackwardParams p, const FlashBwdWorkspace ws) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // cp.async and bf16 mma need sm_80; mma_can_implement_backward refuses older devices
 #else
-  flash_bwd::backward_block<FlashBwdMmaTraits<Element, kHeadDim, kWarps>, kCausal, kDeterministic>(p, ws);
+  flash_bwd::backward_block<FlashBwdMmaTraits<Element, kHeadDim>, kCausal, kDeterministic>(p, ws);
 #endif
 }
 
 template <int kHeadDim>
-using FlashBwdMmaTraitsFor = FlashBwdMmaTraits<__half, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>;
+using FlashBwdMmaTraitsFor = FlashBwdMmaTraits<__half, kHeadDim>;
 
 // The smallest query block (rows per step) of the flash backwards sharing the workspace layout:
 // the deterministic semaphores are counted in it (the fp32 backward's at head dim 128).
 inline constexpr int kFlashBwdMinBlockM = 32;
-
-// Keys per block of the main kernel for a head dim (the same for both 16-bit types), 0 if unsupported.
-inline int64_t flash_bwd_mma_block_n(int64_t head_dim) {
-  switch (head_dim) {
-    case 64: return FlashBwdMmaTraitsFor<64>::kBlockN;
-    case 128: return FlashBwdMmaTraitsFor<128>::kBlockN;
-    default: return 0;
-  }
-}
 
 // Shared memory per main-kernel block for a head dim (the same for both 16-bit types), 0 if unsupported.
 inline int flash_bwd_mma_smem_bytes(int64_t head_dim) {
@@ -817,7 +564,7 @@ inline int flash_bwd_mma_smem_bytes(int64_t head_dim) {
 }
 
 // The workspace's rows per (batch, head): seqlen_q rounded up to kFlashBwdPadM, a multiple of every
-// flash backward's query block (the largest: the shared-memory form's 128 rows at head dim 64).
+// flash backward's query block (the largest: the 16-bit mma backward's 128 rows at head dim 64).
 inline constexpr int kFlashBwdPadM = 128;
 
 // Bytes of the workspace: dQ accumulator, lse * log2(e), D, and (deterministic) the semaphores,
@@ -892,38 +639,15 @@ Status launch_flash_backward(const AttentionBackwardParams& p, void* workspace, 
   return Status::Ok();
 }
 
-/// \brief Whether the 16-bit backward runs the kernel with P and dS through shared memory:
-/// WAVEBOOST_MMA_BACKWARD=shared (read at every call), to measure it against the register form.
-inline bool mma_backward_shared() {
-  const char* v = std::getenv("WAVEBOOST_MMA_BACKWARD");
-  return v != nullptr && std::string(v) == "shared";
-}
-
 template <typename Element, int kHeadDim>
 Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
-  if constexpr (kHeadDim == 64 || kHeadDim == 128) {
-    if (mma_backward_shared()) {
-      using Traits = FlashBwdMmaSharedTraits<Element, kHeadDim>;
-      return launch_flash_backward<Element, kHeadDim, Traits::kBlockM>(
-          p, workspace, stream, [&](const FlashBwdWorkspace& ws) {
-            dim3 grid;
-            if (Status s = backward_grid(p, Traits::kBlockN, "mma", &grid); !s.ok()) return s;
-            return with_backward_flags(p, [&](auto causal, auto deterministic) {
-              const auto kernel = flash_bwd_mma_shared_kernel<Element, kHeadDim, decltype(causal)::value,
-                                                              decltype(deterministic)::value>;
-              return launch_backward_main(kernel, p, ws, grid, Traits::kThreads, Traits::kSmemBytes, stream,
-                                          "flash_bwd_mma_shared_kernel launch");
-            });
-          });
-    }
-  }
-  using Traits = FlashBwdMmaTraits<Element, kHeadDim, kFlashBwdMmaWarps<kHeadDim>>;
+  using Traits = FlashBwdMmaTraits<Element, kHeadDim>;
   return launch_flash_backward<Element, kHeadDim, Traits::kBlockM>(p, workspace, stream, [&](const FlashBwdWorkspace& ws) {
     dim3 grid;
     if (Status s = backward_grid(p, Traits::kBlockN, "mma", &grid); !s.ok()) return s;
     return with_backward_flags(p, [&](auto causal, auto deterministic) {
-      const auto kernel = flash_bwd_mma_kernel<Element, kHeadDim, Traits::kWarps, decltype(causal)::value,
-                                               decltype(deterministic)::value>;
+      const auto kernel =
+          flash_bwd_mma_kernel<Element, kHeadDim, decltype(causal)::value, decltype(deterministic)::value>;
       return launch_backward_main(kernel, p, ws, grid, Traits::kThreads, Traits::kSmemBytes, stream,
                                   "flash_bwd_mma_kernel launch");
     });

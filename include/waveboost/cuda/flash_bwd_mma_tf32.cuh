@@ -88,10 +88,10 @@ struct FlashBwdMmaTf32Traits : BackwardSmemLayout<(kHeadDim_ == 128 ? 8 : 4) * 1
   static_assert(kWarps % kDqWarpsM == 0 && kDqQuadsPerWarp >= 1);
   static_assert(kBlockN >= 32 && kBlockN % 32 == 0, "the dS swizzle XORs bits 3-4 of a 32-multiple row");
   static_assert(kBlockM / 2 <= kThreads, "copy_step_vectors");
-  // The host's grid check (flash_bwd_mma_block_n) and the workspace's row padding are the 16-bit
-  // backward's.
-  static_assert(kBlockN == FlashBwdMmaTraitsFor<kHeadDim>::kBlockN);
-  static_assert(FlashBwdMmaTraitsFor<kHeadDim>::kBlockM % kBlockM == 0 && kBlockM >= kFlashBwdMinBlockM);
+  // The host's grid check (flash_bwd_mma_block_n) and the workspace's row padding are shared with the
+  // 16-bit backward.
+  static_assert(kBlockN >= flash_bwd_mma_block_n(kHeadDim));
+  static_assert(kFlashBwdPadM % kBlockM == 0 && kBlockM >= kFlashBwdMinBlockM);
 };
 
 namespace flash_bwd_tf32 {
