@@ -311,11 +311,15 @@ def test_wgmma_main_kernels(monkeypatch, pipeline, dname, d):
             check_grads(grads, q, k, v, dout, causal, 1 / math.sqrt(d), dname)
 
 
-@pytest.mark.parametrize("dname,d", [("bf16", 128), ("fp16", 128), ("bf16", 64), ("fp16", 64)])
-def test_mma_main_kernel_steps(dname, d):
+@pytest.mark.parametrize("dname,d,rows", [("bf16", 128, None), ("fp16", 128, None), ("bf16", 64, None),
+                                           ("fp16", 64, None), ("bf16", 64, "64"), ("fp16", 64, "64")])
+def test_mma_main_kernel_steps(monkeypatch, dname, d, rows):
     """The 16-bit mma backward's main kernel (128 keys per block; 64 query rows per step at head dim
-    128, 128 at head dim 64) on tails of both blocks, Lq != Lk both ways, GQA/MQA, many steps per key
-    block, causal and not, a gradient into lse, and deterministic=True bitwise stable run to run."""
+    128, 128 at head dim 64, and 64 there with WAVEBOOST_MMA_BACKWARD_ROWS=64: the form of devices with
+    less shared memory per block) on tails of both blocks, Lq != Lk both ways, GQA/MQA, many steps per
+    key block, causal and not, a gradient into lse, and deterministic=True bitwise stable run to run."""
+    if rows is not None:
+        monkeypatch.setenv("WAVEBOOST_MMA_BACKWARD_ROWS", rows)
     scale = 1 / math.sqrt(d)
     for i, (b, lq, lk, hkv) in enumerate(((2, 300, 260, 2), (1, 97, 1025, 8), (3, 1025, 97, 1), (1, 700, 700, 4),
                                           (2, 1100, 2100, 2))):

@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -54,16 +55,20 @@ inline constexpr int64_t flash_bwd_mma_block_n(int64_t head_dim) {
 /// products in shared memory ([query][key] tiles). Per warp and step that is 144 ldmatrix.x4 for 320
 /// mma at head dim 128 (64 rows) and 144 per 128 rows at head dim 64; a layout of 16 keys per warp
 /// with P^T kept in registers as dV's A operand took 184 per 64 rows at head dim 128, and ran
-/// 1.08-1.19x slower on an H100 (benchmarks/NOTES.md).
-template <typename Element_, int kHeadDim_>
-struct FlashBwdMmaTraits : BackwardSmemLayout<128, kHeadDim_ == 64 ? 128 : 64, kHeadDim_, 2> {
+/// 1.08-1.19x slower on an H100 (benchmarks/NOTES.md). kBlockM_ 64 at head dim 64 is the form for
+/// devices with less shared memory per block (97 KiB against 162 KiB: sm_86, sm_89, sm_120).
+template <int kHeadDim>
+inline constexpr int kFlashBwdMmaBlockM = kHeadDim == 64 ? 128 : 64;
+
+template <typename Element_, int kHeadDim_, int kBlockM_ = kFlashBwdMmaBlockM<kHeadDim_>>
+struct FlashBwdMmaTraits : BackwardSmemLayout<128, kBlockM_, kHeadDim_, 2> {
   using Element = Element_;
-  using Layout = BackwardSmemLayout<128, kHeadDim_ == 64 ? 128 : 64, kHeadDim_, 2>;
+  using Layout = BackwardSmemLayout<128, kBlockM_, kHeadDim_, 2>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockN = 128;
-  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;
+  static constexpr int kBlockM = kBlockM_;
   static constexpr int kScoreRows = kBlockM / 2;  // S / dP rows per warp
   static constexpr int kScoreTiles = kScoreRows / 16;
   static constexpr int kKvDims = kHeadDim / 2;  // dK / dV dims per warp
@@ -537,27 +542,32 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 
 /// \brief The main backward kernel; grid (key blocks, batch * heads_kv folded over y and z), one
 /// block of 8 warps per SM.
-template <typename Element, int kHeadDim, bool kCausal, bool kDeterministic>
-__global__ void __launch_bounds__(FlashBwdMmaTraits<Element, kHeadDim>::kThreads, 1)
+template <typename Element, int kHeadDim, int kBlockM, bool kCausal, bool kDeterministic>
+__global__ void __launch_bounds__(FlashBwdMmaTraits<Element, kHeadDim, kBlockM>::kThreads, 1)
     flash_bwd_mma_kernel(const __grid_constant__ AttentionBackwardParams p, const FlashBwdWorkspace ws) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // cp.async and bf16 mma need sm_80; mma_can_implement_backward refuses older devices
 #else
-  flash_bwd::backward_block<FlashBwdMmaTraits<Element, kHeadDim>, kCausal, kDeterministic>(p, ws);
+  flash_bwd::backward_block<FlashBwdMmaTraits<Element, kHeadDim, kBlockM>, kCausal, kDeterministic>(p, ws);
 #endif
 }
 
-template <int kHeadDim>
-using FlashBwdMmaTraitsFor = FlashBwdMmaTraits<__half, kHeadDim>;
+template <int kHeadDim, int kBlockM = kFlashBwdMmaBlockM<kHeadDim>>
+using FlashBwdMmaTraitsFor = FlashBwdMmaTraits<__half, kHeadDim, kBlockM>;
+
+// Head dim 64 in 64-row steps: the form that fits devices with less shared memory per block.
+inline constexpr int kFlashBwdMmaSmallBlockM = 64;
 
 // The smallest query block (rows per step) of the flash backwards sharing the workspace layout:
 // the deterministic semaphores are counted in it (the fp32 backward's at head dim 128).
 inline constexpr int kFlashBwdMinBlockM = 32;
 
-// Shared memory per main-kernel block for a head dim (the same for both 16-bit types), 0 if unsupported.
+// Shared memory per main-kernel block for a head dim (the same for both 16-bit types), 0 if unsupported:
+// the smallest of its forms, which the kernel table checks against the device (the launch takes the
+// larger form where the device has room for it).
 inline int flash_bwd_mma_smem_bytes(int64_t head_dim) {
   switch (head_dim) {
-    case 64: return FlashBwdMmaTraitsFor<64>::kSmemBytes;
+    case 64: return FlashBwdMmaTraitsFor<64, kFlashBwdMmaSmallBlockM>::kSmemBytes;
     case 128: return FlashBwdMmaTraitsFor<128>::kSmemBytes;
     default: return 0;
   }
@@ -639,19 +649,44 @@ Status launch_flash_backward(const AttentionBackwardParams& p, void* workspace, 
   return Status::Ok();
 }
 
-template <typename Element, int kHeadDim>
-Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
-  using Traits = FlashBwdMmaTraits<Element, kHeadDim>;
-  return launch_flash_backward<Element, kHeadDim, Traits::kBlockM>(p, workspace, stream, [&](const FlashBwdWorkspace& ws) {
+template <typename Element, int kHeadDim, int kBlockM>
+Status launch_flash_bwd_mma_rows(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
+  using Traits = FlashBwdMmaTraits<Element, kHeadDim, kBlockM>;
+  return launch_flash_backward<Element, kHeadDim, kBlockM>(p, workspace, stream, [&](const FlashBwdWorkspace& ws) {
     dim3 grid;
     if (Status s = backward_grid(p, Traits::kBlockN, "mma", &grid); !s.ok()) return s;
     return with_backward_flags(p, [&](auto causal, auto deterministic) {
       const auto kernel =
-          flash_bwd_mma_kernel<Element, kHeadDim, decltype(causal)::value, decltype(deterministic)::value>;
+          flash_bwd_mma_kernel<Element, kHeadDim, kBlockM, decltype(causal)::value, decltype(deterministic)::value>;
       return launch_backward_main(kernel, p, ws, grid, Traits::kThreads, Traits::kSmemBytes, stream,
                                   "flash_bwd_mma_kernel launch");
     });
   });
+}
+
+/// \brief Whether a head dim 64 call takes the 64-row steps: on devices whose shared memory per block is
+/// short of the 128-row form's, or when WAVEBOOST_MMA_BACKWARD_ROWS=64 (read at every call; to test that
+/// form on any device).
+inline Status mma_backward_small_steps(const AttentionBackwardParams& p, bool* small) {
+  const char* v = std::getenv("WAVEBOOST_MMA_BACKWARD_ROWS");
+  if (v != nullptr && std::string(v) == "64") {
+    *small = true;
+    return Status::Ok();
+  }
+  int smem_optin = 0;
+  if (Status s = max_shared_memory_per_block(p.device_id, &smem_optin); !s.ok()) return s;
+  *small = smem_optin < FlashBwdMmaTraitsFor<64>::kSmemBytes;
+  return Status::Ok();
+}
+
+template <typename Element, int kHeadDim>
+Status launch_flash_bwd_mma(const AttentionBackwardParams& p, void* workspace, cudaStream_t stream) {
+  if constexpr (kHeadDim == 64) {
+    bool small = false;
+    if (Status s = mma_backward_small_steps(p, &small); !s.ok()) return s;
+    if (small) return launch_flash_bwd_mma_rows<Element, kHeadDim, kFlashBwdMmaSmallBlockM>(p, workspace, stream);
+  }
+  return launch_flash_bwd_mma_rows<Element, kHeadDim, kFlashBwdMmaBlockM<kHeadDim>>(p, workspace, stream);
 }
 
 }  // namespace waveboost::cuda
