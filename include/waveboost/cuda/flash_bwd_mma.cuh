@@ -255,7 +255,7 @@ __device__ __forceinline__ void begin_step(int64_t s, int64_t steps, int buf, co
   __syncthreads();  // step s's tiles visible to every warp; every warp is done with step s - 1's shared dS
 }
 
-// The start of a block's walk (both forms of the main kernel): the block's K and V rows by cp.async
+// The start of a block's walk: the block's K and V rows by cp.async
 // (keys past the sequence zero-filled), and step s's copies into buffers `buf` (Q and dO rows of its
 // query block, lse * log2(e) and D), which begin_step issues a step ahead.
 template <typename Traits>
