@@ -15,10 +15,9 @@ rounds=$2
 shift 2
 out="${OUT:-ab-logs}"
 mkdir -p "$out"
-arch="${CUDAARCHS:-90}"
+source "$(dirname "$0")/build_trees.sh"  # build_tree
 build() {  # build DIR SITE LOG
-  (cd "$1" && python3 -m pip install -q --no-build-isolation --no-deps --target "$2" . -Cbuild-dir="$2-build" \
-      -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" > "$3" 2>&1) || { echo "build of $1 failed: $3"; tail -5 "$3"; exit 1; }
+  build_tree "$1" "$2" "$2-build" "$3" || { echo "build of $1 failed: $3"; tail -5 "$3"; exit 1; }
 }
 build "$old" /tmp/ab-old-site "$out/build-old.log" &
 build . /tmp/ab-new-site "$out/build-new.log"

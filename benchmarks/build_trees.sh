@@ -5,14 +5,23 @@
 # then used with PYTHONPATH=/tmp/NAME. Prints what failed and exits 1 if any tree did not build.
 #
 #   TARBALLS=DIR bash benchmarks/build_trees.sh NAME...
+#
+# Sourced (`source benchmarks/build_trees.sh`), it only defines build_tree (benchmarks/ab_trees.sh).
+
+# build_tree SRC SITE BUILD LOG: pip install of the source folder SRC into SITE (build folder BUILD,
+# output to LOG) for CUDAARCHS (default 90).
+build_tree() {
+  python3 -m pip install -q --no-build-isolation --no-deps --target "$2" -Cbuild-dir="$3" "$1" \
+      -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="${CUDAARCHS:-90}" > "$4" 2>&1
+}
+[ "${BASH_SOURCE[0]}" != "$0" ] && return 0
+
 set -uo pipefail
 : "${TARBALLS:?a folder with the git archive tarballs NAME.tgz}"
-arch="${CUDAARCHS:-90}"
 mkdir -p /tmp/logs
 for n in "$@"; do
   mkdir -p "/tmp/src-$n" && tar xzf "$TARBALLS/$n.tgz" -C "/tmp/src-$n"
-  python3 -m pip install -q --no-build-isolation --no-deps --target "/tmp/$n" -Cbuild-dir="/tmp/build-$n" "/tmp/src-$n" \
-      -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" > "/tmp/logs/build-$n.log" 2>&1 &
+  build_tree "/tmp/src-$n" "/tmp/$n" "/tmp/build-$n" "/tmp/logs/build-$n.log" &
 done
 wait
 status=0
