@@ -7,7 +7,9 @@
 #
 # Environment: CUDAARCHS (default 90); WORKERS (pytest-xdist workers, default 8; 0: no xdist);
 # SANITIZER=0 skips compute-sanitizer; BENCH=1 adds the forward (FA2 grid, bf16) and backward
-# (--pass bwd) benchmarks with every peer that is installed; TEST_TIMEOUT (seconds, default 600).
+# (--pass bwd) benchmarks with every peer that is installed; TEST_TIMEOUT (seconds, default 600);
+# WHEELS, a folder of wheels installed (no dependencies) before the build: the flash_attn3_jax and
+# einops wheels make FlashAttention-3 a peer.
 set -uo pipefail
 out="${OUT:-gpu-check-logs}"
 mkdir -p "$out"
@@ -17,6 +19,11 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1  # several process
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 start=$(date +%s)
+if [ -n "${WHEELS:-}" ] && ! python3 -m pip install -q --no-deps "$WHEELS"/*.whl > "$out/wheels.log" 2>&1; then
+  tail -5 "$out/wheels.log"
+  echo "WHEELS INSTALL FAILED"
+  exit 1
+fi
 if ! python3 -m pip install --no-build-isolation --no-deps -v . -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" \
     >"$out/build.log" 2>&1; then
   grep -E "error|Error" "$out/build.log" | head -40
