@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -90,7 +91,8 @@ def test_kernels_export_the_compiled_table():
 
 def test_plan_on_the_cpu():
     q = np.random.default_rng(0).standard_normal((1, 9, 2, 16)).astype(np.float32)
-    assert waveboost.plan(q, q, q) == {"backend": "cpu", "kernel": "cpu", "num_splits": 1, "merge": ""}
+    assert waveboost.plan(q, q, q) == {"backend": "cpu", "kernel": "cpu", "num_splits": 1, "merge": "",
+                                        "persistent": False}
     with pytest.raises(ValueError, match="backend 'mma'"):
         waveboost.plan(q, q, q, backend="mma")
     with pytest.raises(TypeError, match="causal"):
@@ -104,7 +106,8 @@ def test_plan_takes_every_framework(framework):
     x = module.from_numpy(q) if framework == "torch" else module.numpy.asarray(q)
     if framework == "jax" and x.devices().pop().platform != "cpu":
         x = module.device_put(x, module.devices("cpu")[0])
-    assert waveboost.plan(x, x, x, causal=True) == {"backend": "cpu", "kernel": "cpu", "num_splits": 1, "merge": ""}
+    assert waveboost.plan(x, x, x, causal=True) == {"backend": "cpu", "kernel": "cpu", "num_splits": 1, "merge": "",
+                                                    "persistent": False}
 
 
 # ---------------------------------------------------------------------------
@@ -197,14 +200,17 @@ def test_plan_names_the_tma_kernel_and_the_split():
             r["variant"] == "tma" for r in waveboost.kernels()):
         pytest.skip("the wgmma kernels run on compute capability 9.0 builds with sm_90a objects")
     mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    # A full grid: unsplit, on the TMA kernel.
+    # A full grid: unsplit, on the TMA kernel; non-causal, on its persistent grid unless
+    # WAVEBOOST_WGMMA_PERSISTENT=0 (read once per process), causal never.
     q, k = mk(4, 2048, 16, 128), mk(4, 2048, 16, 128)
+    assert not waveboost.plan(q, k, k, causal=True)["persistent"]
     assert waveboost.plan(q, k, k) == {"backend": "wgmma", "kernel": "wgmma_tma_hdim128_bf16", "num_splits": 1,
-                                         "merge": ""}
+                                         "merge": "", "persistent": os.environ.get("WAVEBOOST_WGMMA_PERSISTENT") != "0"}
     # One block of query rows against 64 key tiles: split on any GPU with 2 SMs or more.
     q, k = mk(1, 64, 1, 64), mk(1, 8192, 1, 64)
     plan = waveboost.plan(q, k, k, backend="wgmma")
     assert plan["kernel"] == "wgmma_hdim64_bf16" and plan["num_splits"] > 1 and plan["merge"] == "combine-kernel", plan
+    assert not plan["persistent"]
     # Decode on a dense cache: the TMA variant for tiles of up to 32 rows; 64 rows, and paged caches,
     # take the cp.async kernel.
     q, k = mk(16, 1, 32, 128), mk(16, 4096, 8, 128)

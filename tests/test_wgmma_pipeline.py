@@ -47,6 +47,19 @@ def test_tma_pipeline_on_views_of_a_bigger_buffer():
                 assert (lse.double() - ref_lse)[finite].abs().max().item() < 1e-3
 
 
+def persistent_grid(d, lq, lk, causal):
+    """Whether a dense 16-bit call runs the TMA kernel's persistent grid: non-causal calls of the block
+    shapes that have one (head dim 128; head dim 64's 64-row blocks, under 2048 query rows), every one
+    where WAVEBOOST_WGMMA_PERSISTENT=1, none where 0, else those of at most 8192 keys (head dim 128)
+    or 2048 (head dim 64)."""
+    forced = os.environ.get("WAVEBOOST_WGMMA_PERSISTENT")
+    if causal or (d == 64 and lq >= 2048):
+        return False
+    if forced is not None:
+        return forced == "1"
+    return lk <= (8192 if d == 128 else 2048)
+
+
 def _check_block_heights(d, cases, varlen, seed):
     """The TMA kernel at head dim d against the float64 reference on dense `cases` (batch, heads,
     heads_kv, seqlen_q, seqlen_k, causal, scale) and on `varlen` batches (query lengths, key
@@ -64,8 +77,9 @@ def _check_block_heights(d, cases, varlen, seed):
             v = torch.randn(b, lk, hkv, d, generator=g, device="cuda").to(dtype)
             s = d ** -0.5 if scale is None else scale
             where = (dtype, b, h, hkv, lq, lk, causal, s)
-            assert waveboost.plan(q, k, v, causal=causal, backend="wgmma")["kernel"].startswith(
-                f"wgmma_tma_hdim{d}"), where
+            plan = waveboost.plan(q, k, v, causal=causal, backend="wgmma")
+            assert plan["kernel"].startswith(f"wgmma_tma_hdim{d}"), where
+            assert plan["persistent"] == persistent_grid(d, lq, lk, causal), where
             out, lse = waveboost.attention(q, k, v, causal=causal, softmax_scale=s, backend="wgmma",
                                            return_lse=True)
             ref, ref_lse = reference(q, k, v, causal, s)

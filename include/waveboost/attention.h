@@ -178,6 +178,9 @@ struct ForwardPlan {
   // With num_splits > 1: "in-kernel" (the last piece to finish merges them) or "combine-kernel"
   // (a second kernel merges them); empty when unsplit.
   std::string merge;
+  // A persistent grid (wgmma's TMA kernel): one wave of blocks taking the query blocks in turn
+  // instead of a block per query block.
+  bool persistent = false;
 };
 Status plan_forward(const AttentionParams& params, Backend backend, ForwardPlan* plan);
 

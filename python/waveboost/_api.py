@@ -612,7 +612,10 @@ def plan(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str = "auto")
     backend's name for the paths outside the kernel table: ``cpu``, ``naive``), ``num_splits``
     (the pieces the keys are cut into and merged after, split-KV; 1 when unsplit) and ``merge``,
     how the pieces merge: ``in-kernel`` (the last piece to finish merges them), ``combine-kernel``
-    (a second kernel), or ``""`` when unsplit. The launchers decide
+    (a second kernel), or ``""`` when unsplit, and ``persistent``: whether the grid is one wave of
+    blocks that take the query blocks in turn (wgmma's TMA kernel, non-causal calls) rather than a
+    block per query block (``WAVEBOOST_WGMMA_PERSISTENT=0`` or ``1`` decides for every call it can
+    take). The launchers decide
     through the same functions, so the answer is the call's. ValueError says why if the call cannot
     run."""
     check_backend(backend)

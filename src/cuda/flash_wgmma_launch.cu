@@ -83,6 +83,7 @@ Status wgmma_plan(const AttentionParams& p, ForwardPlan* plan) {
   // wgmma_tma_applies is false.
   // (e4m3's one kernel is the table's general row for its dtype: no "tma" variant.)
   const bool tma = !p.is_fp8() && split.num_splits == 1 && use_tma_pipeline() && wgmma_tma_applies(p);
+  plan->persistent = tma && wgmma_tma_persistent(p);
   return plan_kernel(Backend::kWgmma, tma ? "tma" : "", p, plan);
 }
 

@@ -77,6 +77,8 @@ bool gradients_vector_friendly(const AttentionBackwardParams& p, int64_t element
 bool wgmma_tma_applies(const AttentionParams& p);
 // The same without encoding the tensor maps (no driver call; the layout checks only).
 bool wgmma_tma_fits(const AttentionParams& p);
+// Whether the TMA kernel runs p on its persistent grid (a call it takes: wgmma_tma_applies).
+bool wgmma_tma_persistent(const AttentionParams& p);
 
 // Whether the decode kernel's TMA variant ("tma") takes p: a dense cache (not packed) or one in
 // power-of-two pages of >= 16 keys, tiles of 16 or 32 rows, K and V that TMA can describe (layout checks, no driver call;

@@ -154,6 +154,7 @@ NB_MODULE(_waveboost, m) {
         r["kernel"] = plan.kernel;
         r["num_splits"] = plan.num_splits;
         r["merge"] = plan.merge;
+        r["persistent"] = plan.persistent;
         return r;
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal") = false, nb::arg("backend") = "auto",

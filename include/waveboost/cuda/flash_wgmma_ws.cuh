@@ -622,6 +622,14 @@ inline bool wgmma_ws_persistent(const AttentionParams& p) {
   return p.seqlen_k <= (p.head_dim == 128 ? kWgmmaWsPersistentMaxKeys : kWgmmaWsPersistentMaxKeysHeadDim64);
 }
 
+/// \brief Whether launch_flash_wgmma_ws gives a call one of the persistent kernel's block shapes (head
+/// dim 128's 128-row blocks, head dim 64's 64-row blocks) and wgmma_ws_persistent takes it: dense and
+/// 16-bit. The launch then runs the persistent kernel where TMA can describe Q (wgmma_tma_persistent).
+inline bool wgmma_ws_persistent_shape(const AttentionParams& p) {
+  if (p.is_fp8() || !p.is_dense() || !wgmma_ws_persistent(p)) return false;
+  return p.head_dim == 128 ? !wgmma_ws_d128_short(p) : wgmma_ws_block_m(p) == kWgmmaWsBlockMShort;
+}
+
 /// \brief Whether the warp-specialized kernel takes a call's layout: keys, contiguous K/V (dense,
 /// varlen with its packed extent p.total_k known, seqused_k), key indices in int.
 inline bool wgmma_ws_takes(const AttentionParams& p) {
@@ -660,7 +668,7 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
   // The persistent kernel: head dim 128's 128 x 128 blocks and head dim 64's 64-row blocks.
   if constexpr (!Traits::kTransposes && !kCausalOnly &&
                 ((kHeadDim == 128 && kBlockM == kWgmmaBlockM) || (kHeadDim == 64 && kBlockM == kWgmmaWsBlockMShort))) {
-    if (!sequences && wgmma_ws_persistent(p)) {
+    if (wgmma_ws_persistent_shape(p)) {  // the shape condition above, and a dense 16-bit call
       CUtensorMap q_map{};
       if (tma::encode_rows_map(&q_map, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
                                p.q_head_stride, p.q_batch_stride, Traits::kBlockM)) {

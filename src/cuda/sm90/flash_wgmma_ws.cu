@@ -15,4 +15,11 @@ bool wgmma_tma_applies(const AttentionParams& p) {
 
 bool wgmma_tma_fits(const AttentionParams& p) { return wgmma_ws_takes(p) && tma::kv_maps_fit(p); }
 
+bool wgmma_tma_persistent(const AttentionParams& p) {
+  if (!wgmma_ws_persistent_shape(p)) return false;
+  CUtensorMap q_map;  // as the launcher's Q map (its rows box does not decide whether TMA can describe Q)
+  return tma::encode_rows_map(&q_map, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
+                              p.q_head_stride, p.q_batch_stride, kWgmmaWsBlockMShort);
+}
+
 }  // namespace waveboost::cuda
