@@ -516,25 +516,12 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   }
   mma::wait_copies<0>();  // with no step, K and V were loaded for nothing: never exit with copies in flight
 
-  // dK (times softmax_scale) and dV of this warp's 32 keys x kKvDims dims.
-  const float scale = static_cast<float>(p.softmax_scale);
-  Element* dk_out = static_cast<Element*>(p.dk) + blk.b * p.dk_batch_stride + blk.h_kv * p.dk_head_stride;
-  Element* dv_out = static_cast<Element*>(p.dv) + blk.b * p.dv_batch_stride + blk.h_kv * p.dv_head_stride;
+  // dK (times softmax_scale) and dV of this warp's 32 keys x kKvDims dims, one m16 tile of keys at a time.
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t key = n0 + 32 * kn + 16 * mt + g + 8 * half;
-      if (key >= p.seqlen_k) continue;
-#pragma unroll
-      for (int i = 0; i < kKvDimTiles; ++i) {
-        const int col = Traits::kKvDims * kd + 8 * i + 2 * t;
-        *reinterpret_cast<uint32_t*>(dk_out + key * p.dk_row_stride + col) =
-            pack_pair<Element>(dk[mt][i][2 * half] * scale, dk[mt][i][2 * half + 1] * scale);
-        *reinterpret_cast<uint32_t*>(dv_out + key * p.dv_row_stride + col) =
-            pack_pair<Element>(dv[mt][i][2 * half], dv[mt][i][2 * half + 1]);
-      }
-    }
+    store_key_rows<Element, kKvDimTiles>(p, blk, n0 + 32 * kn + 16 * mt, Traits::kKvDims * kd, g, t,
+                                         [&](int i, int j) { return dk[mt][i][j]; },
+                                         [&](int i, int j) { return dv[mt][i][j]; });
   }
 }
 

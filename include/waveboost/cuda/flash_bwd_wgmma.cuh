@@ -344,7 +344,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   }
   mma::wait_copies<0>();  // with no step, K and V were loaded for nothing: never exit with copies in flight
 
-  store_key_rows<Element, kHeadDim / 8>(p, blk, n0 + key_row, g, t, [&](int i, int j) { return dk[4 * i + j]; },
+  store_key_rows<Element, kHeadDim / 8>(p, blk, n0 + key_row, 0, g, t, [&](int i, int j) { return dk[4 * i + j]; },
                                         [&](int i, int j) { return dv[4 * i + j]; });
 }
 
@@ -727,7 +727,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     if (steps > 0 && dq_owner(steps - 1)) hand_over_dq(steps - 1);
   }
 
-  store_key_rows<Element, kHeadDim / 8>(p, blk, n0 + key_row, g, t, [&](int i, int j) { return dk[4 * i + j]; },
+  store_key_rows<Element, kHeadDim / 8>(p, blk, n0 + key_row, 0, g, t, [&](int i, int j) { return dk[4 * i + j]; },
                                         [&](int i, int j) { return dv[4 * i + j]; });
 }
 

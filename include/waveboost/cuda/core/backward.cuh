@@ -257,12 +257,12 @@ __device__ __forceinline__ void add_dq_16B(float4* at, float4 x) {
   }
 }
 
-/// \brief dK (times softmax_scale) and dV of one warp's 16 keys from key0, straight from the
-/// accumulators: acc(i, j) is accumulator j of 8-column group i (rows g + 8 (j / 2)); 4 B stores
-/// of two columns. Keys past the sequence are not stored.
+/// \brief dK (times softmax_scale) and dV of 16 keys from key0 and kDimTiles x 8 dims from col0, straight
+/// from a warp's m16 accumulators: dk(i, j) is accumulator j of 8-column group i (rows g + 8 (j / 2));
+/// 4 B stores of two columns. Keys past the sequence are not stored.
 template <typename Element, int kDimTiles, typename DkAt, typename DvAt>
 __device__ __forceinline__ void store_key_rows(const AttentionBackwardParams& p, const BackwardBlock& blk,
-                                               int64_t key0, int g, int t, DkAt dk, DvAt dv) {
+                                               int64_t key0, int col0, int g, int t, DkAt dk, DvAt dv) {
   const float scale = static_cast<float>(p.softmax_scale);
   Element* dk_out = static_cast<Element*>(p.dk) + blk.b * p.dk_batch_stride + blk.h_kv * p.dk_head_stride;
   Element* dv_out = static_cast<Element*>(p.dv) + blk.b * p.dv_batch_stride + blk.h_kv * p.dv_head_stride;
@@ -272,7 +272,7 @@ __device__ __forceinline__ void store_key_rows(const AttentionBackwardParams& p,
     if (key < p.seqlen_k) {
 #pragma unroll
       for (int i = 0; i < kDimTiles; ++i) {
-        const int col = 8 * i + 2 * t;
+        const int col = col0 + 8 * i + 2 * t;
         *reinterpret_cast<uint32_t*>(dk_out + key * p.dk_row_stride + col) =
             pack_pair<Element>(dk(i, 2 * half) * scale, dk(i, 2 * half + 1) * scale);
         *reinterpret_cast<uint32_t*>(dv_out + key * p.dv_row_stride + col) =
