@@ -506,10 +506,19 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
       for (int dt = 0; dt < Traits::kDqDimTiles; ++dt) {
-        const DqQuad quad = dq_quad(dq[mt][dt][0], dq[mt][dt][1], dq[mt][dt][2], dq[mt][dt][3], g, t);
-        const int dim = Traits::kDqDims * qd + 8 * dt + quad.col;
-        add_dq_16B<kDeterministic>(reinterpret_cast<float4*>(dq_rows + (16 * mt + quad.row) * kHeadDim + dim),
-                                   quad.sum);
+        if constexpr (kDeterministic) {
+          const DqQuad quad = dq_quad(dq[mt][dt][0], dq[mt][dt][1], dq[mt][dt][2], dq[mt][dt][3], g, t);
+          const int dim = Traits::kDqDims * qd + 8 * dt + quad.col;
+          add_dq_16B<true>(reinterpret_cast<float4*>(dq_rows + (16 * mt + quad.row) * kHeadDim + dim), quad.sum);
+        } else {
+          // Each lane's two column pairs as they stand (rows g and g + 8): no shuffles.
+          const int dim = Traits::kDqDims * qd + 8 * dt + 2 * t;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            reduce_add_8B(dq_rows + (16 * mt + g + 8 * half) * kHeadDim + dim, dq[mt][dt][2 * half],
+                          dq[mt][dt][2 * half + 1]);
+          }
+        }
       }
     }
     if constexpr (kDeterministic) pass_turn(semaphore);

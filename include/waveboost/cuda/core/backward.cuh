@@ -245,6 +245,16 @@ __device__ __forceinline__ void reduce_add_16B(float4* at, float4 x) {
 #endif
 }
 
+/// \brief at[0..1] += (x, y), atomically per element (an 8 B vector reduction on sm_90).
+__device__ __forceinline__ void reduce_add_8B(float* at, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(x), "f"(y) : "memory");
+#else
+  atomicAdd(at, x);
+  atomicAdd(at + 1, y);
+#endif
+}
+
 /// \brief dQ += x at `at` (16 B): a reduction, or, deterministic (the block holds the query block's
 /// dQ turn), a plain read, add and write that bypass L1.
 template <bool kDeterministic>
