@@ -111,21 +111,38 @@ struct LaneAddress {
   __device__ __forceinline__ uint32_t at(int row0, int pair) const {
     return (base ^ static_cast<uint32_t>(32 * (pair % 4))) + static_cast<uint32_t>((pair / 4) * 128 + row0 * kWidth * 2);
   }
+  // The addressing of the sub-tile from row row0 and pair pair0: its at(r, j) is at(row0 + r, pair0 + j)
+  // here, for j below a power of 2 that divides pair0 (the XORs and the carries then stay apart), so a
+  // warp's own rows and pairs cost one add per operand instead of one per load.
+  __device__ __forceinline__ LaneAddress from(int row0, int pair0, uint32_t offset = 0) const {
+    return {at(row0, pair0) + offset};
+  }
 };
 
-// cp.async of rows [0, kRows) of a kWidth-wide tile; rows >= valid_rows are zero-filled.
+// cp.async of rows [0, kRows) of a kWidth-wide tile; rows >= valid_rows are zero-filled. Thread x
+// copies chunk x % kChunks of rows x / kChunks + i kRowsPerPass: one global address and one swizzled
+// shared address per thread (kRowsPerPass is a multiple of the swizzle's 8 rows), the passes a
+// stride and an immediate away; tiles that the sequence fills skip the row checks.
 template <int kRows, int kWidth, int kThreads, typename Element>
 __device__ __forceinline__ void load_rows(uint32_t tile, const Element* src, int64_t row_stride, int64_t valid_rows) {
   constexpr int kChunks = kWidth / 8;
-  static_assert((kRows * kChunks) % kThreads == 0);
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0);
+  const int row0 = static_cast<int>(threadIdx.x) / kChunks;
+  const int chunk = static_cast<int>(threadIdx.x) % kChunks;
+  const Element* from = src + row0 * row_stride + chunk * 8;
+  const int64_t pass_stride = kRowsPerPass * row_stride;
+  const uint32_t to = swizzled<kWidth>(tile, row0, chunk);
+  constexpr uint32_t kPassBytes = kRowsPerPass * kWidth * 2;
+  if (valid_rows >= kRows) {
 #pragma unroll
-  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
-    const int idx = i * kThreads + static_cast<int>(threadIdx.x);
-    const int row = idx / kChunks;
-    const int chunk = idx % kChunks;
-    const bool valid = row < valid_rows;
-    const Element* g = valid ? src + row * row_stride + chunk * 8 : src;
-    mma::copy_async_16B(swizzled<kWidth>(tile, row, chunk), g, valid);
+    for (int i = 0; i < kRows / kRowsPerPass; ++i) mma::copy_async_16B(to + i * kPassBytes, from + i * pass_stride, true);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+      const bool valid = row0 + i * kRowsPerPass < valid_rows;
+      mma::copy_async_16B(to + i * kPassBytes, valid ? from + i * pass_stride : src, valid);
+    }
   }
 }
 
@@ -351,6 +368,17 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const auto a_key = LaneAddress<kBlockN>::make(base, lane % 16, lane / 16);
   const auto at_key = LaneAddress<kBlockN>::make(base, lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
   constexpr uint32_t kDoFromQ = Traits::kDoOffset - Traits::kQOffset;
+  // Each warp's share of the tiles, its rows and pairs folded into the lane addresses once: S and dP
+  // read K and V rows 32 sn..; dV and dK read P^T and dS^T keys 32 kn.. (pairs 2 kn..) and dO / Q
+  // dims (pairs) kKvDimTiles / 2 kd..; dQ reads dS rows 32 qm.. and K^T dims kDqDimTiles / 2 qd...
+  const auto kv_rows = b_dim.from(32 * sn, 0);
+  const auto key_cols = at_key.from(0, 2 * kn);
+  const auto dq_rows_ds = a_key.from(32 * qm, 0, Traits::kDsOffset);
+  const auto dq_dims_k = bt_dim.from(0, Traits::kDqDimTiles / 2 * qd, Traits::kKOffset);
+  // P and dS stores: lane (g, t) writes rows kScoreRows sm + g + 8 i and 16 B chunks (4 sn + nt) ^ g
+  // (rows of kBlockN 16-bit keys, swizzled as `swizzled`); 4 sn and nt < 4 share no bits, so
+  // chunk nt of the lane's chunks is its first XOR 16 nt.
+  const uint32_t lane_ps = base + static_cast<uint32_t>((kScoreRows * sm + g) * kBlockN * 2 + ((4 * sn) ^ g) * 16 + 4 * t);
 
   for (int64_t s = 0; s < steps; ++s) {
     const int buf = static_cast<int>(s & 1);
@@ -360,6 +388,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     const int64_t m_index = blk.m_block(s);
     const int64_t m0 = m_index * kBlockM;
     const uint32_t q_buf = Traits::kQOffset + buf * Traits::kQTileBytes;
+    const auto q_rows = a_dim.from(kScoreRows * sm, 0, q_buf);
+    const auto qdo_dims = bt_dim.from(0, kKvDimTiles / 2 * kd, q_buf);
 
     // S = Q K^T and dP = dO V^T for kScoreRows query rows x 32 keys. Accumulator [mt][nt][e]: query
     // row kScoreRows sm + 16 mt + g + 8 (e / 2), key 32 sn + 8 nt + 2 t + e % 2 (of the block).
@@ -375,12 +405,12 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       uint32_t a[kScoreTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kScoreTiles; ++mt) {
-        mma::load_matrix_x4(a[mt], a_dim.at(kScoreRows * sm + 16 * mt, ds) + q_buf);
+        mma::load_matrix_x4(a[mt], q_rows.at(16 * mt, ds));
       }
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         uint32_t b[4];
-        mma::load_matrix_x4(b, b_dim.at(32 * sn + 16 * np, ds) + Traits::kKOffset);
+        mma::load_matrix_x4(b, kv_rows.at(16 * np, ds) + Traits::kKOffset);
 #pragma unroll
         for (int mt = 0; mt < kScoreTiles; ++mt) {
           mma::mma_16x8x16<Element>(sc[mt][2 * np], a[mt], b[0], b[1]);
@@ -393,12 +423,12 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       uint32_t a[kScoreTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kScoreTiles; ++mt) {
-        mma::load_matrix_x4(a[mt], a_dim.at(kScoreRows * sm + 16 * mt, ds) + q_buf + kDoFromQ);
+        mma::load_matrix_x4(a[mt], q_rows.at(16 * mt, ds) + kDoFromQ);
       }
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         uint32_t b[4];
-        mma::load_matrix_x4(b, b_dim.at(32 * sn + 16 * np, ds) + Traits::kVOffset);
+        mma::load_matrix_x4(b, kv_rows.at(16 * np, ds) + Traits::kVOffset);
 #pragma unroll
         for (int mt = 0; mt < kScoreTiles; ++mt) {
           mma::mma_16x8x16<Element>(dp[mt][2 * np], a[mt], b[0], b[1]);
@@ -435,7 +465,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           const float p0 = sc[mt][nt][2 * half], p1 = sc[mt][nt][2 * half + 1];
-          const uint32_t at = swizzled<kBlockN>(base, row, 4 * sn + nt) + 4 * t;
+          const uint32_t at = (lane_ps ^ (16u * nt)) + static_cast<uint32_t>((16 * mt + 8 * half) * kBlockN * 2);
           const uint32_t p_pair = pack_pair<Element>(p0, p1);
           const uint32_t ds_pair =
               pack_pair<Element>(p0 * (dp[mt][nt][2 * half] - d), p1 * (dp[mt][nt][2 * half + 1] - d));
@@ -452,13 +482,13 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       uint32_t a_p[2][4], a_ds[2][4];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        const uint32_t at = at_key.at(16 * ks, 2 * kn + mt);
+        const uint32_t at = key_cols.at(16 * ks, mt);
         mma::load_matrix_x4_trans(a_p[mt], at + Traits::kPOffset);
         mma::load_matrix_x4_trans(a_ds[mt], at + Traits::kDsOffset);
       }
 #pragma unroll
       for (int dpair = 0; dpair < kKvDimTiles / 2; ++dpair) {
-        const uint32_t at = bt_dim.at(16 * ks, kKvDimTiles / 2 * kd + dpair) + q_buf;
+        const uint32_t at = qdo_dims.at(16 * ks, dpair);
         uint32_t b_do[4], b_q[4];
         mma::load_matrix_x4_trans(b_do, at + kDoFromQ);
         mma::load_matrix_x4_trans(b_q, at);
@@ -479,6 +509,9 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     // dQ (kBlockM x kHeadDim) += dS K: this warp's 32 query rows x kDqDims dims.
     static_assert(Traits::kDqWarpsM * 32 == kBlockM);
     float* dq_rows = ws.dq_accum + (blk.workspace_row(p, ws.m_pad, h, m0) + 32 * qm) * kHeadDim;
+    // This lane's first pair (row g, dims 2 t, 2 t + 1 of the warp's first 8-dim tile): every other
+    // pair lies a compile-time offset away, which the reductions take as immediates.
+    float* const lane_dq = dq_rows + g * kHeadDim + (Traits::kDqDims * qd + 2 * t);
     int* semaphore = kDeterministic ? ws.semaphores + blk.workspace_row(p, ws.m_pad, h, m0) / kBlockM : nullptr;
     if constexpr (kDeterministic) {
       wait_for_dq_turn<kCausal>(semaphore, n_block, m_index, kBlockM, kBlockN, causal_offset);
@@ -490,11 +523,11 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     for (int ks = 0; ks < kBlockN / 16; ++ks) {
       uint32_t a[2][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) mma::load_matrix_x4(a[mt], a_key.at(32 * qm + 16 * mt, ks) + Traits::kDsOffset);
+      for (int mt = 0; mt < 2; ++mt) mma::load_matrix_x4(a[mt], dq_rows_ds.at(16 * mt, ks));
 #pragma unroll
       for (int dpair = 0; dpair < Traits::kDqDimTiles / 2; ++dpair) {
         uint32_t b_k[4];
-        mma::load_matrix_x4_trans(b_k, bt_dim.at(16 * ks, Traits::kDqDimTiles / 2 * qd + dpair) + Traits::kKOffset);
+        mma::load_matrix_x4_trans(b_k, dq_dims_k.at(16 * ks, dpair));
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           mma::mma_16x8x16<Element>(dq[mt][2 * dpair], a[mt], b_k[0], b_k[1]);
@@ -512,10 +545,9 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
           add_dq_16B<true>(reinterpret_cast<float4*>(dq_rows + (16 * mt + quad.row) * kHeadDim + dim), quad.sum);
         } else {
           // Each lane's two column pairs as they stand (rows g and g + 8): no shuffles.
-          const int dim = Traits::kDqDims * qd + 8 * dt + 2 * t;
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            reduce_add_8B(dq_rows + (16 * mt + g + 8 * half) * kHeadDim + dim, dq[mt][dt][2 * half],
+            reduce_add_8B(lane_dq + ((16 * mt + 8 * half) * kHeadDim + 8 * dt), dq[mt][dt][2 * half],
                           dq[mt][dt][2 * half + 1]);
           }
         }
