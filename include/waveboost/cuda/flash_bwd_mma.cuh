@@ -476,35 +476,24 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     }
     __syncthreads();  // P and dS complete
 
-    // dV += P^T dO and dK += dS^T Q: A from the [query][key] tiles (.trans), B from dO / Q (.trans).
+    // dV += P^T dO, then dQ, then dK += dS^T Q: A from the [query][key] tiles (.trans), B from dO / Q
+    // (.trans). dQ's reductions drain while dK's products run (FlashAttention-2's order).
 #pragma unroll
     for (int ks = 0; ks < kBlockM / 16; ++ks) {
-      uint32_t a_p[2][4], a_ds[2][4];
+      uint32_t a_p[2][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const uint32_t at = key_cols.at(16 * ks, mt);
-        mma::load_matrix_x4_trans(a_p[mt], at + Traits::kPOffset);
-        mma::load_matrix_x4_trans(a_ds[mt], at + Traits::kDsOffset);
-      }
+      for (int mt = 0; mt < 2; ++mt) mma::load_matrix_x4_trans(a_p[mt], key_cols.at(16 * ks, mt) + Traits::kPOffset);
 #pragma unroll
       for (int dpair = 0; dpair < kKvDimTiles / 2; ++dpair) {
-        const uint32_t at = qdo_dims.at(16 * ks, dpair);
-        uint32_t b_do[4], b_q[4];
-        mma::load_matrix_x4_trans(b_do, at + kDoFromQ);
-        mma::load_matrix_x4_trans(b_q, at);
+        uint32_t b_do[4];
+        mma::load_matrix_x4_trans(b_do, qdo_dims.at(16 * ks, dpair) + kDoFromQ);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           mma::mma_16x8x16<Element>(dv[mt][2 * dpair], a_p[mt], b_do[0], b_do[1]);
           mma::mma_16x8x16<Element>(dv[mt][2 * dpair + 1], a_p[mt], b_do[2], b_do[3]);
-          mma::mma_16x8x16<Element>(dk[mt][2 * dpair], a_ds[mt], b_q[0], b_q[1]);
-          mma::mma_16x8x16<Element>(dk[mt][2 * dpair + 1], a_ds[mt], b_q[2], b_q[3]);
         }
       }
     }
-
-    // The next step's copies go into this step's Q and dO buffers at its top (begin_step): every warp
-    // must be done reading them, and dV and dK were their last readers.
-    __syncthreads();
 
     // dQ (kBlockM x kHeadDim) += dS K: this warp's 32 query rows x kDqDims dims.
     static_assert(Traits::kDqWarpsM * 32 == kBlockM);
@@ -554,6 +543,27 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       }
     }
     if constexpr (kDeterministic) pass_turn(semaphore);
+
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / 16; ++ks) {
+      uint32_t a_ds[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) mma::load_matrix_x4_trans(a_ds[mt], key_cols.at(16 * ks, mt) + Traits::kDsOffset);
+#pragma unroll
+      for (int dpair = 0; dpair < kKvDimTiles / 2; ++dpair) {
+        uint32_t b_q[4];
+        mma::load_matrix_x4_trans(b_q, qdo_dims.at(16 * ks, dpair));
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma::mma_16x8x16<Element>(dk[mt][2 * dpair], a_ds[mt], b_q[0], b_q[1]);
+          mma::mma_16x8x16<Element>(dk[mt][2 * dpair + 1], a_ds[mt], b_q[2], b_q[3]);
+        }
+      }
+    }
+
+    // The next step's copies go into this step's Q and dO buffers at its top (begin_step): every warp
+    // must be done reading them, and dK was their last reader.
+    __syncthreads();
   }
   mma::wait_copies<0>();  // with no step, K and V were loaded for nothing: never exit with copies in flight
 
