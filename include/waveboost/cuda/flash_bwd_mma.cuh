@@ -12,14 +12,16 @@
 //                  P   = exp2(c log2(e) S - lse log2(e))
 //                  dS  = P * (dP - D)            (the gradient of the scaled score; dlse is in D)
 //                                                P and dS to shared memory as [query][key] tiles
-//                  dV += P^T dO, dK += dS^T Q    each warp 32 keys x half the dims; P^T and dS^T
-//                                                read back by ldmatrix .trans (c applied at the end)
-//                  dQ += dS K                    each warp 32 query rows x a slab of dims; 16 B fp32
-//                                                reductions into the accumulator
-//                                                (red.global.add.v4.f32 on sm_90), or,
-//                                                deterministic, plain adds by one key block at a
-//                                                time in a fixed key-block order (a per-(head,
+//                  dV += P^T dO                  each warp 32 keys x half the dims; P^T read back
+//                                                by ldmatrix .trans
+//                  dQ += dS K                    each warp 32 query rows x a slab of dims; each
+//                                                lane's column pairs reduced into the accumulator
+//                                                (red.global.add.v2.f32 on sm_90), or,
+//                                                deterministic, 16 B plain adds by one key block at
+//                                                a time in a fixed key-block order (a per-(head,
 //                                                query block) semaphore)
+//                  dK += dS^T Q                  as dV (c applied at the end); dQ's reductions
+//                                                drain under these products
 //   convert      dq = c * dQ accumulator, in the element type
 //
 // The fragment layouts are those of mma_primitives.cuh. Tiles in shared memory have their 16 B
