@@ -585,9 +585,9 @@ __global__ void __launch_bounds__(
                                CausalMask<kCausal>, kSequences>(p, &k_map, &v_map);
 }
 
-/// \brief The persistent form (flash_wgmma_ws::attend_items) of the kernel above, dense 16-bit batches:
-/// a 1-D grid of at most kBlocksPerSM blocks per SM.
-template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, int kBlockN, bool kCausal>
+/// \brief The persistent form (flash_wgmma_ws::attend_items) of the kernel above, dense 16-bit
+/// non-causal batches (wgmma_ws_persistent): a 1-D grid of at most kBlocksPerSM blocks per SM.
+template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, int kBlockN>
 __global__ void __launch_bounds__(
     FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>::kBlockThreads, kBlocksPerSM)
     flash_wgmma_ws_persistent_kernel(const __grid_constant__ AttentionParams p,
@@ -595,7 +595,7 @@ __global__ void __launch_bounds__(
                                      const __grid_constant__ CUtensorMap k_map,
                                      const __grid_constant__ CUtensorMap v_map) {
   flash_wgmma_ws::attend_items<FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>,
-                               CausalMask<kCausal>>(p, &q_map, &k_map, &v_map);
+                               CausalMask<false>>(p, &q_map, &k_map, &v_map);
 }
 
 /// \brief Whether a dense 16-bit call runs the persistent kernel: non-causal calls of the 128 x 128
@@ -673,7 +673,7 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
       if (tma::encode_rows_map(&q_map, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
                                p.q_head_stride, p.q_batch_stride, Traits::kBlockM)) {
         const auto persistent =
-            flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false>;
+            flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>;
         int sms = 0;
         if (Status s = multiprocessor_count(p.device_id, &sms); !s.ok()) return s;
         const int64_t items = g.x * p.batch * p.heads;
