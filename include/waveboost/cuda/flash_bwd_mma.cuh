@@ -380,7 +380,13 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   // P and dS stores: lane (g, t) writes rows kScoreRows sm + g + 8 i and 16 B chunks (4 sn + nt) ^ g
   // (rows of kBlockN 16-bit keys, swizzled as `swizzled`); 4 sn and nt < 4 share no bits, so
   // chunk nt of the lane's chunks is its first XOR 16 nt.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // sm_90 stores them by stmatrix instead, 16 rows x 16 keys at a time from a_key's lane addresses:
+  // the warp's rows kScoreRows sm.. and key pairs 2 sn...
+  const auto ps_lanes = a_key.from(kScoreRows * sm, 2 * sn);
+#else
   const uint32_t lane_ps = base + static_cast<uint32_t>((kScoreRows * sm + g) * kBlockN * 2 + ((4 * sn) ^ g) * 16 + 4 * t);
+#endif
 
   for (int64_t s = 0; s < steps; ++s) {
     const int buf = static_cast<int>(s & 1);
@@ -458,6 +464,34 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
         }
       }
     });
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // sm_90: one stmatrix per 16 rows x 16 keys of P and of dS, registers in A-fragment order (nt 2 j
+    // rows g and g + 8, then nt 2 j + 1), lanes addressing as ldmatrix's A loads of that tile.
+#pragma unroll
+    for (int mt = 0; mt < kScoreTiles; ++mt) {
+      const int row = kScoreRows * sm + 16 * mt + g;
+      const float d[2] = {d_row[row], d_row[row + 8]};
+      uint32_t p_pairs[4][2], ds_pairs[4][2];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float p0 = sc[mt][nt][2 * half], p1 = sc[mt][nt][2 * half + 1];
+          p_pairs[nt][half] = pack_pair<Element>(p0, p1);
+          ds_pairs[nt][half] = pack_pair<Element>(p0 * (dp[mt][nt][2 * half] - d[half]),
+                                                  p1 * (dp[mt][nt][2 * half + 1] - d[half]));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t at = ps_lanes.at(16 * mt, j);
+        mma::store_matrix_x4(at + Traits::kPOffset, p_pairs[2 * j][0], p_pairs[2 * j][1], p_pairs[2 * j + 1][0],
+                             p_pairs[2 * j + 1][1]);
+        mma::store_matrix_x4(at + Traits::kDsOffset, ds_pairs[2 * j][0], ds_pairs[2 * j][1],
+                             ds_pairs[2 * j + 1][0], ds_pairs[2 * j + 1][1]);
+      }
+    }
+#else
 #pragma unroll
     for (int mt = 0; mt < kScoreTiles; ++mt) {
 #pragma unroll
@@ -476,6 +510,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
         }
       }
     }
+#endif
     __syncthreads();  // P and dS complete
 
     // dV += P^T dO, then dQ, then dK += dS^T Q: A from the [query][key] tiles (.trans), B from dO / Q

@@ -89,6 +89,21 @@ __device__ __forceinline__ void load_matrix_x4_trans(uint32_t (&r)[4], uint32_t 
                : "r"(smem_addr));
 }
 
+// Fragments -> shared memory (sm_90): the inverse of load_matrix_x4. Lanes 8i..8i+7 give the row
+// addresses of matrix i; register i of lane holds matrix i's row lane / 4, columns 2 (lane % 4) + {0, 1}.
+// So an A fragment of m16n8k16 (a0..a3 as above) lands as a 16 x 16 tile when lane l addresses row
+// l % 16, 16-byte chunk l / 16 of it: the lane addresses of the ldmatrix A load of that tile.
+__device__ __forceinline__ void store_matrix_x4(uint32_t smem_addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                                uint32_t r3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+#else
+  __trap();  // callers take this path on sm_90 only
+#endif
+}
+
 // ----------------------------------------------------------------------------
 // Tensor-core product
 // ----------------------------------------------------------------------------
