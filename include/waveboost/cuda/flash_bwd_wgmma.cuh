@@ -91,7 +91,10 @@ __device__ __forceinline__ void pack_a(const float (&acc)[kSlices * 8], uint32_t
 /// apart; k16 slice kk sits in panel kk / 4, 32 B * (kk % 4) into each row.
 template <typename Traits>
 __device__ __forceinline__ uint64_t kmajor_slice(uint32_t tile, int rows, int kk) {
-  return wgmma::descriptor_128b(tile + (kk / 4) * rows * Traits::kRowBytes + (kk % 4) * 32, 16, 8 * Traits::kRowBytes);
+  // One descriptor of the tile, moved by a compile-time offset per slice: the tile's descriptor is
+  // built once per call and each slice costs one add.
+  return wgmma::advance(wgmma::descriptor_128b(tile, 16, 8 * Traits::kRowBytes),
+                        static_cast<uint32_t>((kk / 4) * rows * Traits::kRowBytes + (kk % 4) * 32));
 }
 
 /// \brief Issues acc = A B^T over head_dim as one commit group, not waited for: S^T = K Q^T (a_rows
@@ -577,7 +580,9 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   if (!locate_backward_block<kCausal>(p, index, kBlockN, kBlockM, blk)) return;
   const int64_t n0 = blk.n0, steps = blk.steps;
 
-  const int warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0 so that the compiler knows it is warp-uniform: what derives from it (the
+  // operand descriptors) then lives in uniform registers instead of being rebuilt per thread.
+  const int warpgroup = __shfl_sync(kFullWarpMask, static_cast<int>(threadIdx.x / 128), 0);
   const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup
   const int lane = threadIdx.x % 32;
   if (warpgroup == Traits::kWarpgroups) {
