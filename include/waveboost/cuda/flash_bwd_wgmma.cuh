@@ -197,19 +197,20 @@ __device__ __forceinline__ void step_products(float (&st)[32], float (&dv)[Trait
 }
 
 /// \brief This warp's dS^T rows to shared memory, [key][query], one 128 B row per key, 16 B
-/// chunks swizzled by row: accumulator group i (queries 8 i .. 8 i + 7) is chunk i; this
-/// thread's pair is 4 t into it. Followed by the async-proxy fence (wgmma reads the tile).
+/// chunks swizzled by row: queries 8 c .. 8 c + 7 are chunk c. One stmatrix per k16 slice: the
+/// slice's A fragment (dst[ks]) is a 16 x 16 tile of rows key_row.., chunks 2 ks and 2 ks + 1, and
+/// lane l gives the address of row key_row + l % 16, chunk 2 ks + l / 16 (swizzled: XOR row % 8).
+/// With 1024 B-aligned tiles the chunk bits of that address are (l / 16) ^ (l % 8) XOR 2 ks, so one
+/// lane address serves the four slices. Followed by the async-proxy fence (wgmma reads the tile).
 template <typename Traits>
 __device__ __forceinline__ void store_ds_rows(uint32_t ds_tile, const uint32_t (&dst)[Traits::kQuerySlices][4],
-                                              int key_row, int g, int t) {
+                                              int key_row) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const uint32_t lane_addr = ds_tile + static_cast<uint32_t>((key_row + lane % 16) * Traits::kRowBytes +
+                                                             (((lane / 16) ^ (lane % 8)) * 16));
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = key_row + g + 8 * hh;
-      const uint32_t addr = ds_tile + row * Traits::kRowBytes + ((i ^ (row % 8)) * 16) + 4 * t;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dst[i / 2][2 * (i % 2) + hh]) : "memory");
-    }
+  for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
+    mma::store_matrix_x4(lane_addr ^ static_cast<uint32_t>(32 * ks), dst[ks][0], dst[ks][1], dst[ks][2], dst[ks][3]);
   }
   wgmma::fence_proxy_async();
 }
@@ -307,7 +308,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     issue_transposed<Traits>(st, k_tile + kv_a_rows, q_tile);
     step_products<Traits, kCausal>(st, dv, dk, pt, dst, v_tile + kv_a_rows, do_tile, do_b, q_b,
                                    buf * Traits::kQTileBytes, p, blk, m0, key_row, g, t, scale_log2, lse_row, d_row);
-    store_ds_rows<Traits>(ds_tile, dst, key_row, g, t);
+    store_ds_rows<Traits>(ds_tile, dst, key_row);
     tma::named_barrier_sync(1 + warpgroup, 128);  // the warpgroup's dS^T rows complete
 
     // dQ (kBlockM x kHeadDim) += dS K over this warpgroup's keys, 64 columns per pass.
@@ -676,7 +677,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     flash_bwd_wgmma::step_products<Traits, kCausal>(st, dv, dk, pt, dst, sm.v_tile() + kv_a_rows, sm.do_tile(stage),
                                                     do_b, q_b, stage * Traits::kQTileBytes, p, blk, m0, key_row, g, t,
                                                     scale_log2, lse_row, d_row);
-    flash_bwd_wgmma::store_ds_rows<Traits>(sm.ds_tile(ds_buf), dst, key_row, g, t);
+    flash_bwd_wgmma::store_ds_rows<Traits>(sm.ds_tile(ds_buf), dst, key_row);
     const bool owner = dq_owner(s);
     if (owner) {
       tma::named_barrier_sync(kDsFirst + ds_buf, Traits::kConsumerThreads);  // both warpgroups' dS^T rows
