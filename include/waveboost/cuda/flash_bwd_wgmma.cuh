@@ -623,8 +623,9 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   // after that step's S^T is issued, so that the tensor cores run S^T while the warpgroup stores
   // (and once more after the last step). dq is carried over: its product has completed by then.
   float dq[32];
-  float dq_held[32];  // dq once its product has completed: what hand_over_dq stores
-  const int opaque_zero = static_cast<int>(steps >> 62);  // 0 (steps < 2^62)
+  // dq once its product has completed, in the order hand_over_dq stores it: on odd g the 8-column
+  // groups i and i ^ 2 trade places (see there).
+  float dq_held[32];
   const int dq_pass = Traits::kDqSplitColumns ? warpgroup : 0;
   // Which steps' dQ columns this warpgroup computes: 64 of them (pass dq_pass) in every step at
   // head_dim 128, the whole tile in every other step at head_dim 64.
@@ -636,7 +637,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     // 16 B chunk (c % 32) / 4 = 2 (j % 4) + t / 2 stored at chunk ^ g, 8 B half t % 2.
     // Store i writes group j = i on even g and j = i ^ 2 on odd g: the 16 lanes of each half
     // warp (four values of g) then cover the eight chunks of a row once (with j = i for every
-    // lane, only four: a 2-way bank conflict on each store).
+    // lane, only four: a 2-way bank conflict on each store). dq_held holds group j in place i.
     const bool odd_g = (g & 1) != 0;
     const uint32_t chunk_xor = static_cast<uint32_t>((odd_g ? 4 : 0) ^ (t / 2) ^ g);
     const uint32_t tile = sm.dq_tile() + 2 * dq_pass * Traits::kDqBoxBytes + (warp * 16 + g) * 128 + 8 * (t % 2);
@@ -645,10 +646,9 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const uint32_t addr = tile + (i / 4) * Traits::kDqBoxBytes + 8 * hh * 128 + (((2 * (i % 4)) ^ chunk_xor) * 16);
-        const int mine = 4 * i + 2 * hh, swapped = 4 * (i ^ 2) + 2 * hh;
-        const float lo = odd_g ? dq_held[swapped] : dq_held[mine];
-        const float hi = odd_g ? dq_held[swapped + 1] : dq_held[mine + 1];
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(lo), "f"(hi) : "memory");
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq_held[4 * i + 2 * hh]),
+                     "f"(dq_held[4 * i + 2 * hh + 1])
+                     : "memory");
       }
     }
     wgmma::fence_proxy_async();
@@ -712,12 +712,16 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     // consumer thread arrives, so that its own reads of lse and D are ordered before the reload.
     tma::arrive(sm.empty(stage));
     if constexpr (kDqBulk) {
-      // Copied through an operation ptxas cannot see through (an exclusive or with a zero it
-      // cannot prove), or it takes the next step's stores, under its S^T product, for reads of
-      // the dQ product's accumulators and waits for every product first (C7517, C7518: the
-      // products serialized). A plain move is propagated away.
+      // Copied with the odd-g exchange of groups i and i ^ 2 that the stores want: an operation ptxas
+      // cannot see through (a select on the lane), or it takes the next step's stores, under its S^T
+      // product, for reads of the dQ product's accumulators and waits for every product first (C7517,
+      // C7518: the products serialized). A plain move is propagated away.
+      const bool odd_g = (g & 1) != 0;
 #pragma unroll
-      for (int i = 0; i < 32; ++i) dq_held[i] = __int_as_float(__float_as_int(dq[i]) ^ opaque_zero);
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq_held[4 * i + e] = odd_g ? dq[4 * (i ^ 2) + e] : dq[4 * i + e];
+      }
     }
 
     if constexpr (!kDqBulk) {
