@@ -464,9 +464,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
         }
       }
     });
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // sm_90: one stmatrix per 16 rows x 16 keys of P and of dS, registers in A-fragment order (nt 2 j
-    // rows g and g + 8, then nt 2 j + 1), lanes addressing as ldmatrix's A loads of that tile.
+    // The 16-bit pairs of P and dS = P (dP - D): [nt][half] holds rows g + 8 half of the 8-key tile nt.
 #pragma unroll
     for (int mt = 0; mt < kScoreTiles; ++mt) {
       const int row = kScoreRows * sm + 16 * mt + g;
@@ -482,6 +480,9 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
                                                   p1 * (dp[mt][nt][2 * half + 1] - d[half]));
         }
       }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      // sm_90: one stmatrix per 16 rows x 16 keys of each, registers in A-fragment order (nt 2 j rows g
+      // and g + 8, then nt 2 j + 1), lanes addressing as ldmatrix's A loads of that tile.
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const uint32_t at = ps_lanes.at(16 * mt, j);
@@ -490,27 +491,18 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
         mma::store_matrix_x4(at + Traits::kDsOffset, ds_pairs[2 * j][0], ds_pairs[2 * j][1],
                              ds_pairs[2 * j + 1][0], ds_pairs[2 * j + 1][1]);
       }
-    }
 #else
 #pragma unroll
-    for (int mt = 0; mt < kScoreTiles; ++mt) {
-#pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = kScoreRows * sm + 16 * mt + g + 8 * half;
-        const float d = d_row[row];
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
-          const float p0 = sc[mt][nt][2 * half], p1 = sc[mt][nt][2 * half + 1];
           const uint32_t at = (lane_ps ^ (16u * nt)) + static_cast<uint32_t>((16 * mt + 8 * half) * kBlockN * 2);
-          const uint32_t p_pair = pack_pair<Element>(p0, p1);
-          const uint32_t ds_pair =
-              pack_pair<Element>(p0 * (dp[mt][nt][2 * half] - d), p1 * (dp[mt][nt][2 * half + 1] - d));
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + Traits::kPOffset), "r"(p_pair) : "memory");
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + Traits::kDsOffset), "r"(ds_pair) : "memory");
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + Traits::kPOffset), "r"(p_pairs[nt][half]) : "memory");
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + Traits::kDsOffset), "r"(ds_pairs[nt][half]) : "memory");
         }
       }
-    }
 #endif
+    }
     __syncthreads();  // P and dS complete
 
     // dV += P^T dO, then dQ, then dK += dS^T Q: A from the [query][key] tiles (.trans), B from dO / Q
