@@ -1,0 +1,110 @@
+"""Time settings of one build against each other in one process: an environment variable that the library reads
+at each call (e.g. WAVEBOOST_WGMMA_BACKWARD) takes each of its values in turn, batch after batch, so that clock
+and thermal drift between processes (which moved whole A/B rounds by 8-18% on one H200) falls on every setting
+alike. For each FA2-grid cell: `--rounds` rounds; in each, every value (in an order rotated per round) times
+`--calls` back-to-back calls between two CUDA events.
+
+    python benchmarks/ab_env.py --env NAME --values A,B[,C...] --backend wgmma --pass bwd [--dtypes bf16]
+                                [--head-dims 64,128] [--seqlens 1024,4096] [--causal both] [--rounds 15] [--calls 4]
+
+Prints, per round and value, `NAME=VALUE pass backend dtype D L causal ms_per_call` (the line format of
+benchmarks/ab_time.py, so benchmarks/ab_table.py reads it), then per cell the median over rounds of the paired
+ratio (first value's time / each other value's, from the same round: > 1, that value faster) and its range.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+
+import torch
+
+import waveboost
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--env", required=True)
+    ap.add_argument("--values", required=True, help="comma-separated; the first is the base of the ratios")
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--pass", dest="which", choices=["fwd", "bwd"], default="fwd")
+    ap.add_argument("--dtypes", default="bf16")
+    ap.add_argument("--head-dims", type=ints, default=[64, 128])
+    ap.add_argument("--seqlens", type=ints, default=[1024, 4096])
+    ap.add_argument("--causal", choices=("0", "1", "both"), default="both")
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--calls", type=int, default=4)
+    ap.add_argument("--out", default=None, help="also append the per-round lines to this file")
+    args = ap.parse_args(argv)
+    values = args.values.split(",")
+    sink = open(args.out, "a") if args.out else None
+    summary = []
+    for dname in args.dtypes.split(","):
+        for d in args.head_dims:
+            for causal in {"0": (False,), "1": (True,), "both": (False, True)}[args.causal]:
+                for L in args.seqlens:
+                    b, h = max(1, 16384 // L), max(1, 2048 // d)
+                    g = torch.Generator(device="cuda").manual_seed(L * 1000 + d)
+                    mk = lambda: torch.randn(b, L, h, d, generator=g, device="cuda").to(DTYPES[dname])  # noqa: E731
+                    q, k, v, dout = mk(), mk(), mk(), mk()
+                    if args.which == "fwd":
+                        def run():
+                            return waveboost.attention(q, k, v, causal=causal, backend=args.backend)
+                    else:
+                        out, lse = waveboost.attention(q, k, v, causal=causal, return_lse=True)
+
+                        def run():
+                            return waveboost.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                                                deterministic=args.deterministic,
+                                                                backend=args.backend)
+                    for value in values:
+                        os.environ[args.env] = value
+                        for _ in range(2):
+                            run()
+                    torch.cuda.synchronize()
+                    times = {value: [] for value in values}
+                    which = args.which + ("-det" if args.deterministic else "")
+                    cell = f"{which} {args.backend} {dname} {d} {L} {int(causal)}"
+                    for r in range(args.rounds):
+                        order = values[r % len(values):] + values[:r % len(values)]
+                        for value in order:
+                            os.environ[args.env] = value
+                            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                            start.record()
+                            for _ in range(args.calls):
+                                run()
+                            end.record()
+                            torch.cuda.synchronize()
+                            ms = start.elapsed_time(end) / args.calls
+                            times[value].append(ms)
+                            line = f"{args.env}={value} {cell} {ms:.4f}"
+                            print(line, flush=True)
+                            if sink:
+                                print(line, file=sink, flush=True)
+                    ratios = []
+                    for value in values[1:]:
+                        paired = sorted(a / c for a, c in zip(times[values[0]], times[value]))
+                        ratios.append(f"{values[0]}/{value} {statistics.median(paired):.3f} "
+                                      f"[{paired[0]:.3f}, {paired[-1]:.3f}]")
+                    summary.append((cell, [statistics.median(times[v]) for v in values], ratios))
+    os.environ.pop(args.env, None)
+    print(f"# paired ratios, median over {args.rounds} rounds [min, max]; ms medians in the order {values}")
+    logs = [[] for _ in values[1:]]
+    for cell, medians, ratios in summary:
+        print(f"{cell} | " + " ".join(f"{m:.4f}" for m in medians) + " | " + " | ".join(ratios))
+        for i, text in enumerate(ratios):
+            logs[i].append(math.log(float(text.split()[1])))
+    for i, value in enumerate(values[1:]):
+        print(f"geomean {values[0]}/{value}: {math.exp(sum(logs[i]) / len(logs[i])):.4f} over {len(logs[i])} cells")
+
+
+if __name__ == "__main__":
+    main()
