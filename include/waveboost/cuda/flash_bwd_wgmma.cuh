@@ -116,6 +116,21 @@ __device__ __forceinline__ void issue_transposed(float (&acc)[32], uint32_t a_ro
   wgmma::commit_group();
 }
 
+/// \brief Issues dK += dS^T Q (m64nDk16, dS^T from registers, Q MN-major) as one commit group.
+template <typename Traits>
+__device__ __forceinline__ void issue_dk(float (&dk)[Traits::kHeadDim / 2], uint32_t (&dst)[Traits::kQuerySlices][4],
+                                         uint64_t q_b, uint32_t stage_bytes) {
+  wgmma::fence_operands(dk);
+  wgmma::fence_operands(dst);
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
+    wgmma::mma_m64nNk16_rs_tb<typename Traits::Element, Traits::kHeadDim>(
+        dk, dst[ks], wgmma::advance(q_b, stage_bytes + ks * 16 * Traits::kRowBytes));
+  }
+  wgmma::commit_group();
+}
+
 /// \brief The rest of a step's four products, S^T = K Q^T already issued (issue_transposed, the
 /// last group in flight), with the warpgroup's elementwise work between them, so that the
 /// tensor cores have a product in flight while the warpgroup computes:
@@ -124,14 +139,14 @@ __device__ __forceinline__ void issue_transposed(float (&acc)[32], uint32_t a_ro
 ///   wait for S^T             -> P^T in place of S^T (exponentials under dP^T)
 ///   issue dV += P^T dO
 ///   wait for dP^T            -> dS^T = P^T (dP^T - D) (under dV)
-///   issue dK += dS^T Q       (committed, not waited for)
+///   issue dK += dS^T Q       (committed, not waited for; left to the caller when !kIssueDk)
 ///
 /// v_rows: the warpgroup's V rows in shared memory; do_tile: the step's dO (K-major, the B
 /// operand of dP^T); do_b / q_b: MN-major descriptors of the first Q / dO buffer, stage_bytes:
 /// the step's buffer offset. Accumulator 4 i + 2 hh + e of S^T and dP^T: key key_row + g + 8 hh,
 /// query m0 + 8 i + 2 t + e. pt / dst: the A fragments the dV and dK products read; the caller
 /// keeps them (and dv, dk) untouched until it waits for them.
-template <typename Traits, bool kCausal>
+template <typename Traits, bool kCausal, bool kIssueDk = true>
 __device__ __forceinline__ void step_products(float (&st)[32], float (&dv)[Traits::kHeadDim / 2],
                                               float (&dk)[Traits::kHeadDim / 2],
                                               uint32_t (&pt)[Traits::kQuerySlices][4],
@@ -186,17 +201,7 @@ __device__ __forceinline__ void step_products(float (&st)[32], float (&dv)[Trait
     }
   }
   pack_a<Element, Traits::kQuerySlices>(dpt, dst);
-
-  // dK += dS^T Q.
-  wgmma::fence_operands(dk);
-  wgmma::fence_operands(dst);
-  wgmma::fence();
-#pragma unroll
-  for (int ks = 0; ks < Traits::kQuerySlices; ++ks) {
-    wgmma::mma_m64nNk16_rs_tb<Element, Traits::kHeadDim>(
-        dk, dst[ks], wgmma::advance(q_b, stage_bytes + ks * 16 * Traits::kRowBytes));
-  }
-  wgmma::commit_group();
+  if constexpr (kIssueDk) issue_dk<Traits>(dk, dst, q_b, stage_bytes);
 }
 
 /// \brief This warp's dS^T rows to shared memory, [key][query], one 128 B row per key, 16 B
@@ -373,8 +378,9 @@ __global__ void __launch_bounds__(FlashBwdWgmmaTraits<Element, kHeadDim>::kThrea
 //     arrive as zeros) and the lse / D rows by bulk copies, into a ring of kStages buffers
 //     behind "full" / "empty" mbarriers: no block barrier per step;
 //   - dQ of a step computed once per block over all kBlockN keys: at head_dim 128 each consumer
-//     warpgroup takes 64 of the columns, at head_dim 64 one warpgroup takes the whole tile on
-//     alternate steps (the other goes on to its next step); so every dQ element of a step is
+//     warpgroup takes 64 of the columns (issued before dK, and handed over while dK runs), at
+//     head_dim 64 one warpgroup takes the whole tile on alternate steps (the other goes on to its
+//     next step; handed over under the next step's S^T); so every dQ element of a step is
 //     added to the fp32 accumulator once per block instead of once per warpgroup. The sums go
 //     to a shared fp32 tile (128 B-swizzled boxes of 32 columns) that a writer warp (warpgroup
 //     2, warp 1) adds to the accumulator with one tensor bulk reduction per box
@@ -404,6 +410,11 @@ struct FlashBwdWgmmaWsTraits : FlashBwdWgmmaTraits<Element_, kHeadDim_> {
   static_assert(kConsumerRegisters * kConsumerThreads + kProducerRegisters * 128 <= 65536, "register file");
   // head_dim 128: each warpgroup 64 dQ columns per step; head_dim 64: one warpgroup per step.
   static constexpr bool kDqSplitColumns = kHeadDim_ == 128;
+  // Order of a step's last products (benchmarks/NOTES.md, "The wgmma backward's dQ before dK"):
+  // at head_dim 128 dQ is issued before dK and handed to the writer warp while dK runs; at 64
+  // dK goes first and a step's dQ is handed over under the next step's S^T (dQ first measured
+  // 0.92-0.99x there, 1.01-1.05x at 128).
+  static constexpr bool kDqBeforeDk = kHeadDim_ == 128;
   static constexpr int kDqWriters = kDqSplitColumns ? kConsumerThreads : 128;
   // The dQ tile: kHeadDim / 32 boxes of kBlockM rows x 32 floats (128 B) in the 128 B swizzle,
   // the boxes of the accumulator's tensor map (one bulk reduction each).
@@ -619,9 +630,12 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   const uint64_t ds_a = wgmma::descriptor_128b(sm.ds_tile(0), kBlockN * kRowBytes, 8 * kRowBytes);
   const uint64_t k_b = wgmma::descriptor_128b(sm.k_tile(), kBlockN * kRowBytes, 8 * kRowBytes);
 
-  // A step's dQ tile part is handed to the writer warp (kDqBulk) at the start of the next step,
-  // after that step's S^T is issued, so that the tensor cores run S^T while the warpgroup stores
-  // (and once more after the last step). dq is carried over: its product has completed by then.
+  // A step's dQ tile part is handed to the writer warp (kDqBulk) while its dK product runs
+  // (kDqFirst), or at the start of the next step, after that step's S^T is issued, so that the
+  // tensor cores run S^T while the warpgroup stores (and once more after the last step); dq is
+  // then carried over: its product has completed by then.
+  constexpr bool kDqFirst = kDqBulk && Traits::kDqBeforeDk;
+  static_assert(!kDqFirst || Traits::kDqSplitColumns, "dQ first: both warpgroups own a dQ part at every step");
   float dq[32];
   // dq once its product has completed, in the order hand_over_dq stores it: on odd g the 8-column
   // groups i and i ^ 2 trade places (see there).
@@ -630,7 +644,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   // Which steps' dQ columns this warpgroup computes: 64 of them (pass dq_pass) in every step at
   // head_dim 128, the whole tile in every other step at head_dim 64.
   const auto dq_owner = [&](int64_t s) { return Traits::kDqSplitColumns || int(s & 1) == warpgroup; };
-  const auto hand_over_dq = [&](int64_t s) {
+  // Stores dq (groups exchanged as dq_held above) as dQ tile part of step s.
+  const auto hand_over_dq = [&](int64_t s, const float (&dq_held)[32]) {
     if (s > 0) tma::named_barrier_sync(kDqEmpty, 32 + Traits::kDqWriters);  // step s - 1's tile read
     // Accumulator 4 j + 2 hh + e: query row warp * 16 + g + 8 hh, dim 64 dq_pass + 8 j + 2 t + e.
     // Column c = 64 dq_pass + 8 j + 2 t of row r = 16 warp + g + 8 hh (r % 8 = g): box c / 32,
@@ -669,15 +684,15 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 
     float st[32];
     flash_bwd_wgmma::issue_transposed<Traits>(st, sm.k_tile() + kv_a_rows, sm.q_tile(stage));
-    if constexpr (kDqBulk) {
-      if (s > 0 && dq_owner(s - 1)) hand_over_dq(s - 1);
+    if constexpr (kDqBulk && !kDqFirst) {
+      if (s > 0 && dq_owner(s - 1)) hand_over_dq(s - 1, dq_held);
     }
 
-    // dP^T, P^T, dS^T and the dV, dK products issued (as the cp.async kernel); dS^T rows of this
-    // warpgroup to buffer s & 1.
+    // dP^T, P^T, dS^T and the dV (and, unless kDqFirst, dK) products issued (as the cp.async
+    // kernel); dS^T rows of this warpgroup to buffer s & 1.
     uint32_t pt[Traits::kQuerySlices][4];
     uint32_t dst[Traits::kQuerySlices][4];
-    flash_bwd_wgmma::step_products<Traits, kCausal>(st, dv, dk, pt, dst, sm.v_tile() + kv_a_rows, sm.do_tile(stage),
+    flash_bwd_wgmma::step_products<Traits, kCausal, !kDqFirst>(st, dv, dk, pt, dst, sm.v_tile() + kv_a_rows, sm.do_tile(stage),
                                                     do_b, q_b, stage * Traits::kQTileBytes, p, blk, m0, key_row, g, t,
                                                     scale_log2, lse_row, d_row);
     flash_bwd_wgmma::store_ds_rows<Traits>(sm.ds_tile(ds_buf), dst, key_row);
@@ -702,6 +717,20 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       }
       wgmma::commit_group();
     }
+    if constexpr (kDqFirst) {
+      flash_bwd_wgmma::issue_dk<Traits>(dk, dst, q_b, stage * Traits::kQTileBytes);
+      wgmma::wait_group<1>();  // dV and dQ done, dK in flight
+      wgmma::fence_operands(dq);
+      // The odd-g exchange that the stores want (see hand_over_dq).
+      const bool odd_g = (g & 1) != 0;
+      float exchanged[32];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) exchanged[4 * i + e] = odd_g ? dq[4 * (i ^ 2) + e] : dq[4 * i + e];
+      }
+      hand_over_dq(s, exchanged);
+    }
     wgmma::wait_group<0>();  // dV, dK (and dQ): Q, dO of this stage read
     wgmma::fence_operands(dq);
     wgmma::fence_operands(pt);
@@ -711,7 +740,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     // Q, dO (by this warpgroup's products) and lse, D (by this thread) of stage read: every
     // consumer thread arrives, so that its own reads of lse and D are ordered before the reload.
     tma::arrive(sm.empty(stage));
-    if constexpr (kDqBulk) {
+    if constexpr (kDqBulk && !kDqFirst) {
       // Copied with the odd-g exchange of groups i and i ^ 2 that the stores want: an operation ptxas
       // cannot see through (a select on the lane), or it takes the next step's stores, under its S^T
       // product, for reads of the dQ product's accumulators and waits for every product first (C7517,
@@ -736,8 +765,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       }
     }
   }
-  if constexpr (kDqBulk) {
-    if (steps > 0 && dq_owner(steps - 1)) hand_over_dq(steps - 1);
+  if constexpr (kDqBulk && !kDqFirst) {
+    if (steps > 0 && dq_owner(steps - 1)) hand_over_dq(steps - 1, dq_held);
   }
 
   store_key_rows<Element, kHeadDim / 8>(p, blk, n0 + key_row, 0, g, t, [&](int i, int j) { return dk[4 * i + j]; },
