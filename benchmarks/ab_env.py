@@ -20,13 +20,7 @@ import statistics
 
 import torch
 
-import waveboost
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+from ab_time import DTYPES, fa2_cell_call, ints  # this script's folder
 
 
 def main(argv=None) -> None:
@@ -51,20 +45,7 @@ def main(argv=None) -> None:
         for d in args.head_dims:
             for causal in {"0": (False,), "1": (True,), "both": (False, True)}[args.causal]:
                 for L in args.seqlens:
-                    b, h = max(1, 16384 // L), max(1, 2048 // d)
-                    g = torch.Generator(device="cuda").manual_seed(L * 1000 + d)
-                    mk = lambda: torch.randn(b, L, h, d, generator=g, device="cuda").to(DTYPES[dname])  # noqa: E731
-                    q, k, v, dout = mk(), mk(), mk(), mk()
-                    if args.which == "fwd":
-                        def run():
-                            return waveboost.attention(q, k, v, causal=causal, backend=args.backend)
-                    else:
-                        out, lse = waveboost.attention(q, k, v, causal=causal, return_lse=True)
-
-                        def run():
-                            return waveboost.attention_backward(dout, q, k, v, out, lse, causal=causal,
-                                                                deterministic=args.deterministic,
-                                                                backend=args.backend)
+                    run = fa2_cell_call(args.which, args.backend, DTYPES[dname], d, L, causal, args.deterministic)
                     for value in values:
                         os.environ[args.env] = value
                         for _ in range(2):

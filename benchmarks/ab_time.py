@@ -25,6 +25,23 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def fa2_cell_call(which: str, backend: str, dtype, head_dim: int, seqlen: int, causal: bool,
+                  deterministic: bool = False, device: str = "cuda"):
+    """A call of one FA2-grid cell (batch = 16384 / L, heads = 2048 / D, random normal inputs seeded by the
+    cell): the forward, or the backward from the forward's saved outputs. Returns the function to time."""
+    b, h = max(1, 16384 // seqlen), max(1, 2048 // head_dim)
+    g = torch.Generator(device=device).manual_seed(seqlen * 1000 + head_dim)
+
+    def mk():
+        return torch.randn(b, seqlen, h, head_dim, generator=g, device=device).to(dtype)
+    q, k, v, dout = mk(), mk(), mk(), mk()
+    if which == "fwd":
+        return lambda: waveboost.attention(q, k, v, causal=causal, backend=backend)
+    out, lse = waveboost.attention(q, k, v, causal=causal, return_lse=True)
+    return lambda: waveboost.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                                deterministic=deterministic, backend=backend)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tag")
@@ -44,20 +61,7 @@ def main(argv=None) -> None:
                 for L in args.seqlens:
                     if dname == "e4m3" and (d != 128 or args.which != "fwd"):
                         continue
-                    b, h = max(1, 16384 // L), max(1, 2048 // d)
-                    g = torch.Generator(device="cuda").manual_seed(L * 1000 + d)
-                    mk = lambda: torch.randn(b, L, h, d, generator=g, device="cuda").to(DTYPES[dname])  # noqa: E731
-                    q, k, v, dout = mk(), mk(), mk(), mk()
-                    if args.which == "fwd":
-                        def run():
-                            return waveboost.attention(q, k, v, causal=causal, backend=args.backend)
-                    else:
-                        out, lse = waveboost.attention(q, k, v, causal=causal, return_lse=True)
-
-                        def run():
-                            return waveboost.attention_backward(dout, q, k, v, out, lse, causal=causal,
-                                                                deterministic=args.deterministic,
-                                                                backend=args.backend)
+                    run = fa2_cell_call(args.which, args.backend, DTYPES[dname], d, L, causal, args.deterministic)
                     for _ in range(3):
                         run()
                     times = []
