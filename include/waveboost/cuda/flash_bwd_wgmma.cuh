@@ -644,6 +644,15 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   // Which steps' dQ columns this warpgroup computes: 64 of them (pass dq_pass) in every step at
   // head_dim 128, the whole tile in every other step at head_dim 64.
   const auto dq_owner = [&](int64_t s) { return Traits::kDqSplitColumns || int(s & 1) == warpgroup; };
+  // dq in the order hand_over_dq stores it: on odd g the 8-column groups i and i ^ 2 trade places.
+  const auto exchange_dq = [&](float (&out)[32]) {
+    const bool odd_g = (g & 1) != 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[4 * i + e] = odd_g ? dq[4 * (i ^ 2) + e] : dq[4 * i + e];
+    }
+  };
   // Stores dq (groups exchanged as dq_held above) as dQ tile part of step s.
   const auto hand_over_dq = [&](int64_t s, const float (&dq_held)[32]) {
     if (s > 0) tma::named_barrier_sync(kDqEmpty, 32 + Traits::kDqWriters);  // step s - 1's tile read
@@ -721,14 +730,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       flash_bwd_wgmma::issue_dk<Traits>(dk, dst, q_b, stage * Traits::kQTileBytes);
       wgmma::wait_group<1>();  // dV and dQ done, dK in flight
       wgmma::fence_operands(dq);
-      // The odd-g exchange that the stores want (see hand_over_dq).
-      const bool odd_g = (g & 1) != 0;
       float exchanged[32];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) exchanged[4 * i + e] = odd_g ? dq[4 * (i ^ 2) + e] : dq[4 * i + e];
-      }
+      exchange_dq(exchanged);
       hand_over_dq(s, exchanged);
     }
     wgmma::wait_group<0>();  // dV, dK (and dQ): Q, dO of this stage read
@@ -745,12 +748,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       // cannot see through (a select on the lane), or it takes the next step's stores, under its S^T
       // product, for reads of the dQ product's accumulators and waits for every product first (C7517,
       // C7518: the products serialized). A plain move is propagated away.
-      const bool odd_g = (g & 1) != 0;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dq_held[4 * i + e] = odd_g ? dq[4 * (i ^ 2) + e] : dq[4 * i + e];
-      }
+      exchange_dq(dq_held);
     }
 
     if constexpr (!kDqBulk) {
