@@ -637,8 +637,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   constexpr bool kDqFirst = kDqBulk && Traits::kDqBeforeDk;
   static_assert(!kDqFirst || Traits::kDqSplitColumns, "dQ first: both warpgroups own a dQ part at every step");
   float dq[32];
-  // dq once its product has completed, in the order hand_over_dq stores it: on odd g the 8-column
-  // groups i and i ^ 2 trade places (see there).
+  // Without kDqFirst: exchange_dq's copy of a step's dq, handed over in the next step.
   float dq_held[32];
   const int dq_pass = Traits::kDqSplitColumns ? warpgroup : 0;
   // Which steps' dQ columns this warpgroup computes: 64 of them (pass dq_pass) in every step at
@@ -653,15 +652,15 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       for (int e = 0; e < 4; ++e) out[4 * i + e] = odd_g ? dq[4 * (i ^ 2) + e] : dq[4 * i + e];
     }
   };
-  // Stores dq (groups exchanged as dq_held above) as dQ tile part of step s.
-  const auto hand_over_dq = [&](int64_t s, const float (&dq_held)[32]) {
+  // Stores `held` (dq as exchange_dq leaves it) as this warp's dQ tile part of step s.
+  const auto hand_over_dq = [&](int64_t s, const float (&held)[32]) {
     if (s > 0) tma::named_barrier_sync(kDqEmpty, 32 + Traits::kDqWriters);  // step s - 1's tile read
     // Accumulator 4 j + 2 hh + e: query row warp * 16 + g + 8 hh, dim 64 dq_pass + 8 j + 2 t + e.
     // Column c = 64 dq_pass + 8 j + 2 t of row r = 16 warp + g + 8 hh (r % 8 = g): box c / 32,
     // 16 B chunk (c % 32) / 4 = 2 (j % 4) + t / 2 stored at chunk ^ g, 8 B half t % 2.
     // Store i writes group j = i on even g and j = i ^ 2 on odd g: the 16 lanes of each half
     // warp (four values of g) then cover the eight chunks of a row once (with j = i for every
-    // lane, only four: a 2-way bank conflict on each store). dq_held holds group j in place i.
+    // lane, only four: a 2-way bank conflict on each store). `held` holds group j in place i.
     const bool odd_g = (g & 1) != 0;
     const uint32_t chunk_xor = static_cast<uint32_t>((odd_g ? 4 : 0) ^ (t / 2) ^ g);
     const uint32_t tile = sm.dq_tile() + 2 * dq_pass * Traits::kDqBoxBytes + (warp * 16 + g) * 128 + 8 * (t % 2);
@@ -670,8 +669,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const uint32_t addr = tile + (i / 4) * Traits::kDqBoxBytes + 8 * hh * 128 + (((2 * (i % 4)) ^ chunk_xor) * 16);
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq_held[4 * i + 2 * hh]),
-                     "f"(dq_held[4 * i + 2 * hh + 1])
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(held[4 * i + 2 * hh]),
+                     "f"(held[4 * i + 2 * hh + 1])
                      : "memory");
       }
     }
