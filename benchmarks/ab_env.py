@@ -70,22 +70,19 @@ def main(argv=None) -> None:
                             print(line, flush=True)
                             if sink:
                                 print(line, file=sink, flush=True)
-                    ratios = []
+                    ratios = []  # per other value: (median, min, max) of the paired ratios
                     for value in values[1:]:
                         paired = sorted(a / c for a, c in zip(times[values[0]], times[value]))
-                        ratios.append(f"{values[0]}/{value} {statistics.median(paired):.3f} "
-                                      f"[{paired[0]:.3f}, {paired[-1]:.3f}]")
+                        ratios.append((statistics.median(paired), paired[0], paired[-1]))
                     summary.append((cell, [statistics.median(times[v]) for v in values], ratios))
     os.environ.pop(args.env, None)
     print(f"# paired ratios, median over {args.rounds} rounds [min, max]; ms medians in the order {values}")
-    logs = [[] for _ in values[1:]]
     for cell, medians, ratios in summary:
-        print(f"{cell} | " + " ".join(f"{m:.4f}" for m in medians) + " | " + " | ".join(ratios))
-        for i, text in enumerate(ratios):
-            logs[i].append(math.log(float(text.split()[1])))
+        print(f"{cell} | " + " ".join(f"{m:.4f}" for m in medians) + " | " +
+              " | ".join(f"{values[0]}/{v} {med:.3f} [{lo:.3f}, {hi:.3f}]" for v, (med, lo, hi) in zip(values[1:], ratios)))
     for i, value in enumerate(values[1:]):
-        print(f"geomean {values[0]}/{value}: {math.exp(sum(logs[i]) / len(logs[i])):.4f} over {len(logs[i])} cells")
-
+        logs = [math.log(ratios[i][0]) for _, _, ratios in summary]
+        print(f"geomean {values[0]}/{value}: {math.exp(sum(logs) / len(logs)):.4f} over {len(logs)} cells")
 
 if __name__ == "__main__":
     main()
