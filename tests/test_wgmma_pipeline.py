@@ -48,12 +48,16 @@ def test_tma_pipeline_on_views_of_a_bigger_buffer():
 
 
 def persistent_grid(d, lq, lk, causal):
-    """Whether a dense 16-bit call runs the TMA kernel's persistent grid: non-causal calls of the block
-    shapes that have one (head dim 128; head dim 64's 64-row blocks, under 2048 query rows), every one
-    where WAVEBOOST_WGMMA_PERSISTENT=1, none where 0, else those of at most 8192 keys (head dim 128)
-    or 2048 (head dim 64)."""
+    """Whether a dense 16-bit call runs the TMA kernel's persistent grid: calls of the block shapes that
+    have one (head dim 128's 128 x 128 blocks, causal from 1280 query rows unless
+    WAVEBOOST_WGMMA_D128_ROWS=128; head dim 64's 64-row blocks, non-causal under 2048 query rows);
+    causal ones unless WAVEBOOST_WGMMA_PERSISTENT=0; non-causal ones every one where it is 1, none
+    where 0, else those of at most 8192 keys (head dim 128) or 2048 (head dim 64)."""
     forced = os.environ.get("WAVEBOOST_WGMMA_PERSISTENT")
-    if causal or (d == 64 and lq >= 2048):
+    if causal:
+        rows128 = lq >= 1280 or os.environ.get("WAVEBOOST_WGMMA_D128_ROWS") == "128"
+        return d == 128 and rows128 and forced != "0"
+    if d == 64 and lq >= 2048:
         return False
     if forced is not None:
         return forced == "1"
@@ -159,7 +163,9 @@ def test_persistent_kernel_blocks_take_several_items():
     for every non-causal head dim 128 call, the child process below): grids of 2-8 query blocks per
     block, partial last query blocks and key tiles, GQA and MQA, and negative scales (Q negated in
     shared memory after its TMA load). So do head dim 64's non-causal calls under 2048 query rows
-    (64-row blocks, two per SM) of at most 2048 keys; the causal cases run the one-block form."""
+    (64-row blocks, two per SM) of at most 2048 keys. Causal head dim 128 calls from 1280 query rows
+    run it too, the heaviest query blocks of every head first, dealt back and forth to the blocks
+    (under 1280 rows, the case with 1000, the one-block form of 64-row blocks)."""
     d128 = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale
         (4, 16, 4, 1000, 1000, False, None),  # 512 query blocks
         (3, 20, 5, 777, 1024, False, -0.3),
@@ -167,6 +173,8 @@ def test_persistent_kernel_blocks_take_several_items():
         (2, 32, 1, 2500, 3100, False, 0.7),
         (2, 16, 2, 600, 8500, False, -0.7),  # persistent only when forced
         (4, 16, 4, 1000, 600, True, -0.3),  # rows 0-399 see no key
+        (2, 16, 4, 1500, 1300, True, None),  # 128 x 128 causal blocks, rows 0-199 see no key
+        (1, 32, 8, 2100, 2600, True, 0.4),  # more keys than queries
     ]
     d64 = [(2, 16, 2, 1500, 1500, False, -0.5), (3, 12, 3, 2900, 2500, True, None),
            (6, 20, 4, 333, 129, False, 0.3), (1, 64, 8, 1000, 1000, False, None),

@@ -15,6 +15,7 @@ write shows up as an initcheck error; the script also fails on a NaN in out or l
 It checks no numerics beyond that: tests/ does. Exit status 0 and a last line "run_cases: N calls OK".
 
     python tests/sanitize/run_cases.py [--list] [--forward-only] [--backward-only] [--serving-only] [--fp8-only]
+                                       [--wgmma-only]
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ def cases():
     # 2048): 512 and 1024 query blocks, several per block of one wave, tails.
     out += [("wgmma", "bf16", (4, 1000, 700, 16, 4), 128, False, "contiguous"),
             ("wgmma", "fp16", (4, 1000, 300, 16, 4), 64, False, "contiguous")]
+    # Head dim 128, causal, from 1280 query rows: the persistent 128 x 128 blocks (heaviest first, several
+    # items per block, rows that see no key).
+    out += [("wgmma", "bf16", (2, 1400, 1300, 8, 2), 128, True, "contiguous")]
     # wgmma's e4m3 kernel (head dim 128, TMA, V transposed in shared memory): tails, rows with no key, a
     # BHSD view, no keys at all, and enough key tiles that the rings wrap.
     out += [("wgmma", "e4m3", SHAPE_A, 128, True, "contiguous"), ("wgmma", "e4m3", SHAPE_B, 128, True, "bhsd"),
@@ -252,6 +256,9 @@ def main():
         fwd_cases, bwd_cases = [], []
     if "--fp8-only" in sys.argv:  # the float8_e4m3fn forward calls alone
         fwd_cases, bwd_cases, with_serving = [c for c in fwd_cases if c[1] == "e4m3"], [], False
+    if "--wgmma-only" in sys.argv:  # of the calls picked above, those on the wgmma backend (no serving calls)
+        fwd_cases, bwd_cases = [c for c in fwd_cases if c[0] == "wgmma"], [c for c in bwd_cases if c[0] == "wgmma"]
+        with_serving = False
     launched = 0
     for case in fwd_cases:
         launched += run(case, g)

@@ -434,14 +434,14 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
 }
 
 // The persistent kernel (dense 16-bit batches): a grid of at most one wave of blocks, each taking
-// the work items blockIdx.x, blockIdx.x + gridDim.x, ... (core/schedule.cuh, persistent_tile: the
-// blocks the one-block-per-item grid would have run, in its launch order). The producer loads each
+// its work items (core/schedule.cuh: non-causal in the one-block-per-item
+// grid's order, causal the heaviest query blocks of every head first, dealt back and forth). The producer loads each
 // item's Q tile by TMA into one of two Q tiles, then its K and V tiles into the ring, whose visits
 // run on from item to item; so the next item's Q and first K/V tiles land while the consumers
 // finish the current one (its last P V product and its output), and no block starts or ends
 // between items. A Q tile is free again once every consumer warp has staged and stored its output
-// rows through it. Non-causal calls of head dim 128 and of head dim 64's 64-row blocks run it, up
-// to a number of keys (wgmma_ws_persistent).
+// rows through it. Calls of head dim 128's 128 x 128 blocks and non-causal calls of head dim 64's
+// 64-row blocks run it, the non-causal ones up to a number of keys (wgmma_ws_persistent).
 template <typename Traits, typename Mask>
 __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUtensorMap* q_map,
                                              const CUtensorMap* k_map, const CUtensorMap* v_map) {
@@ -454,6 +454,23 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
 
   const int64_t m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   const int64_t items = m_blocks * p.batch * p.heads;
+  // This block's items (core/schedule.cuh), each located (blk) and passed to body(blk).
+  const auto for_each_item = [&](auto&& body) {
+    if constexpr (Mask::kLongestFirst) {
+      const uint32_t heads = static_cast<uint32_t>(p.batch * p.heads);
+      for (uint32_t k = 0, item = dealt_item(0); item < items; item = dealt_item(++k)) {
+        FlashBlock blk;
+        locate_flash_item<Mask>(p, heavy_first_tile(item, heads), m_blocks, kBlockM, kBlockN, blk);
+        body(blk);
+      }
+    } else {
+      for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+        FlashBlock blk;
+        locate_flash_item<Mask>(p, persistent_tile(item, m_blocks), m_blocks, kBlockM, kBlockN, blk);
+        body(blk);
+      }
+    }
+  };
   // The ring's visits so far, and the items so far (item q_uses takes Q tile q_uses % 2; one whose
   // rows see no key gets the tile without a load, to stage its zeros in): only their residues mod 4
   // matter (stage and phase), so they may wrap.
@@ -465,16 +482,14 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
     tma::prefetch_map(q_map);
     tma::prefetch_map(k_map);
     tma::prefetch_map(v_map);
-    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-      FlashBlock blk;
-      locate_flash_item<Mask>(p, item, m_blocks, kBlockM, kBlockN, blk);
+    for_each_item([&](const FlashBlock& blk) {
       const int n_visits = blk.n_tiles;
       const int b = static_cast<int>(q_uses % 2);
       tma::wait(ring.empty_q(b), ((q_uses / 2) & 1) ^ 1);
       ++q_uses;
       if (n_visits == 0) {  // rows that see no key: the consumers stage zeros in the tile
         tma::arrive(ring.full_q(b));
-        continue;
+        return;
       }
       tma::arrive_expect_tx(ring.full_q(b), Traits::kQTileBytes);
       const uint32_t q_tile = ring.q_tile + b * Traits::kQTileBytes;
@@ -485,13 +500,11 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
       }
       produce_block<Traits>(k_map, v_map, ring, visit0, n_visits, blk);
       visit0 += n_visits;
-    }
+    });
     return;
   }
   tma::registers_grow<Traits::kConsumerRegisters>();
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    FlashBlock blk;
-    locate_flash_item<Mask>(p, item, m_blocks, kBlockM, kBlockN, blk);
+  for_each_item([&](FlashBlock& blk) {
     const int n_visits = blk.n_tiles;
     const int b = static_cast<int>(q_uses % 2);
     const uint32_t q_parity = (q_uses / 2) & 1;
@@ -513,7 +526,7 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
     if (threadIdx.x % 32 == 0) tma::arrive(ring.empty_q(b));
     visit0 += n_visits;
     ++q_uses;
-  }
+  });
 }
 
 }  // namespace flash_wgmma_ws
@@ -586,8 +599,8 @@ __global__ void __launch_bounds__(
 }
 
 /// \brief The persistent form (flash_wgmma_ws::attend_items) of the kernel above, dense 16-bit
-/// non-causal batches (wgmma_ws_persistent): a 1-D grid of at most kBlocksPerSM blocks per SM.
-template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, int kBlockN>
+/// batches (wgmma_ws_persistent): a 1-D grid of at most kBlocksPerSM blocks per SM.
+template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, int kBlockN, bool kCausal>
 __global__ void __launch_bounds__(
     FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>::kBlockThreads, kBlocksPerSM)
     flash_wgmma_ws_persistent_kernel(const __grid_constant__ AttentionParams p,
@@ -595,21 +608,25 @@ __global__ void __launch_bounds__(
                                      const __grid_constant__ CUtensorMap k_map,
                                      const __grid_constant__ CUtensorMap v_map) {
   flash_wgmma_ws::attend_items<FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>,
-                               CausalMask<false>>(p, &q_map, &k_map, &v_map);
+                               CausalMask<kCausal>>(p, &q_map, &k_map, &v_map);
 }
 
-/// \brief Whether a dense 16-bit call runs the persistent kernel: non-causal calls of the 128 x 128
-/// blocks (head dim 128) of at most kWgmmaWsPersistentMaxKeys keys and of head dim 64's 64-row blocks
-/// (two per SM, under 2048 query rows) of at most kWgmmaWsPersistentMaxKeysHeadDim64, where a block's
-/// start and end (Q load, first K/V tiles, output) weigh against its key tiles. H100, FA2 grid, over
+/// \brief Whether a dense 16-bit call runs the persistent kernel: causal calls of the 128 x 128 blocks
+/// (head dim 128, below), non-causal calls of those blocks of at most kWgmmaWsPersistentMaxKeys keys
+/// and of head dim 64's 64-row blocks (two per SM, under 2048 query rows) of at most
+/// kWgmmaWsPersistentMaxKeysHeadDim64, where a block's start and end (Q load, first K/V tiles, output) weigh against its key tiles. H100, FA2 grid, over
 /// one block per query block (three alternating rounds, benchmarks/NOTES.md, "The persistent wgmma
 /// forward"): head dim 128 bf16 1.20x at 1024 keys, 1.10-1.15x at 1536-2048, 1.08-1.09x at
 /// 3072-4096, 1.01x at 8192 (timed by the bench suite, three rounds: 1.02x at 4096, 1.01-1.06x at
 /// 8192, level at 16k); head dim 64 bf16 / fp16
 /// 1.28 / 1.20x at 256 keys, 1.11x at 512, 1.10 / 1.05x at 1024, 1.09 / 1.03x at 1536. Causal calls
-/// lost 0.67-0.92x on its static order, so no causal persistent kernel is built.
-/// WAVEBOOST_WGMMA_PERSISTENT=0 or 1 (read once per process) decides for every non-causal call of
-/// those shapes, to measure the rule.
+/// of head dim 128's 128 x 128 blocks (from kWgmmaWsD128ShortMaxRows query rows) at any length: the
+/// heaviest query blocks of every head first, dealt back and forth (core/schedule.cuh); H200,
+/// bf16, FA2 grid, paired in one process over one block per query block (benchmarks/NOTES.md, "The
+/// persistent causal forward"): 1.04-1.05x at 2k, 1.07x at 4k, 1.04-1.05x at 8k, 1.03x at 16k (the
+/// non-causal order lost 0.67-0.92x there). Head dim 64's causal calls keep one block per query block.
+/// WAVEBOOST_WGMMA_PERSISTENT=0 or 1 (read once per process) decides for every call of those shapes
+/// (causal: head dim 128), to measure the rule.
 constexpr int64_t kWgmmaWsPersistentMaxKeys = 8192;
 constexpr int64_t kWgmmaWsPersistentMaxKeysHeadDim64 = 2048;
 inline bool wgmma_ws_persistent(const AttentionParams& p) {
@@ -617,17 +634,22 @@ inline bool wgmma_ws_persistent(const AttentionParams& p) {
     const char* v = std::getenv("WAVEBOOST_WGMMA_PERSISTENT");
     return v == nullptr ? -1 : (std::atoi(v) != 0 ? 1 : 0);
   }();
-  if (p.is_causal || (p.head_dim != 128 && p.head_dim != 64)) return false;
+  if (p.is_causal) return p.head_dim == 128 && forced != 0;
+  if (p.head_dim != 128 && p.head_dim != 64) return false;
   if (forced >= 0) return forced == 1;
   return p.seqlen_k <= (p.head_dim == 128 ? kWgmmaWsPersistentMaxKeys : kWgmmaWsPersistentMaxKeysHeadDim64);
 }
 
 /// \brief Whether launch_flash_wgmma_ws gives a call one of the persistent kernel's block shapes (head
 /// dim 128's 128-row blocks, head dim 64's 64-row blocks) and wgmma_ws_persistent takes it: dense and
-/// 16-bit. The launch then runs the persistent kernel where TMA can describe Q (wgmma_tma_persistent).
+/// 16-bit, fewer than 2^31 work items (the causal order counts them in 32 bits, with a grid of fewer
+/// than 2^31 blocks). The launch then runs the persistent kernel where TMA can describe Q
+/// (wgmma_tma_persistent).
 inline bool wgmma_ws_persistent_shape(const AttentionParams& p) {
   if (p.is_fp8() || !p.is_dense() || !wgmma_ws_persistent(p)) return false;
-  return p.head_dim == 128 ? !wgmma_ws_d128_short(p) : wgmma_ws_block_m(p) == kWgmmaWsBlockMShort;
+  const int block_m = wgmma_ws_block_m(p);
+  if ((p.seqlen_q + block_m - 1) / block_m * p.batch * p.heads >= (int64_t{1} << 31)) return false;
+  return p.head_dim == 128 ? !wgmma_ws_d128_short(p) : block_m == kWgmmaWsBlockMShort;
 }
 
 /// \brief Whether the warp-specialized kernel takes a call's layout: keys, contiguous K/V (dense,
@@ -672,8 +694,10 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
       CUtensorMap q_map{};
       if (tma::encode_rows_map(&q_map, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
                                p.q_head_stride, p.q_batch_stride, Traits::kBlockM)) {
-        const auto persistent =
-            flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>;
+        auto persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false>;
+        if constexpr (kHeadDim == 128) {
+          if (p.is_causal) persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true>;
+        }
         int sms = 0;
         if (Status s = multiprocessor_count(p.device_id, &sms); !s.ok()) return s;
         const int64_t items = g.x * p.batch * p.heads;

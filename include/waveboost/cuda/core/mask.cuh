@@ -96,30 +96,25 @@ struct CausalMask {
   }
 };
 
-/// \brief Locates query block m_index (of m_blocks, in launch order) of block_m rows with key
-/// tiles of block_n keys under `Mask`; false for a block with nothing to do (see
-/// locate_query_block, also for kSequences).
+/// \brief Locates the query block at launch position `at` (core/sequence.cuh, locate_query_block_at)
+/// of block_m rows, with key tiles of block_n keys under `Mask`; false for a block with nothing to do
+/// (also for kSequences). A persistent grid's items come as launch positions (core/schedule.cuh).
 template <typename Mask, bool kSequences = false>
-__device__ __forceinline__ bool locate_flash_block(const AttentionParams& p, int64_t m_index, int64_t m_blocks,
-                                                   int64_t block_m, int64_t block_n, FlashBlock& blk) {
-  if (!locate_query_block<kSequences>(p, Mask::kLongestFirst, m_index, m_blocks, block_m, blk)) return false;
+__device__ __forceinline__ bool locate_flash_item(const AttentionParams& p, GridTile at, int64_t m_blocks,
+                                                  int64_t block_m, int64_t block_n, FlashBlock& blk) {
+  if (!locate_query_block_at<kSequences>(p, Mask::kLongestFirst, at, m_blocks, block_m, blk)) return false;
   const KeyTileRange tiles = Mask::of(blk).tiles(blk.m0, blk.rows, block_n);
   blk.n_tiles = tiles.end;
   blk.n_unmasked = tiles.unmasked;
   return true;
 }
 
-/// \brief As above for work item `item` of a persistent grid (core/schedule.cuh, persistent_tile):
-/// the block the one-block-per-item grid would have run at that launch position.
+/// \brief As above for query block m_index (of m_blocks, in launch order) of this block's head.
 template <typename Mask, bool kSequences = false>
-__device__ __forceinline__ bool locate_flash_item(const AttentionParams& p, int64_t item, int64_t m_blocks,
-                                                  int64_t block_m, int64_t block_n, FlashBlock& blk) {
-  const GridTile at = persistent_tile(item, m_blocks, p.batch * p.heads, Mask::kLongestFirst);
-  if (!locate_query_block_at<kSequences>(p, Mask::kLongestFirst, at, m_blocks, block_m, blk)) return false;
-  const KeyTileRange tiles = Mask::of(blk).tiles(blk.m0, blk.rows, block_n);
-  blk.n_tiles = tiles.end;
-  blk.n_unmasked = tiles.unmasked;
-  return true;
+__device__ __forceinline__ bool locate_flash_block(const AttentionParams& p, int64_t m_index, int64_t m_blocks,
+                                                   int64_t block_m, int64_t block_n, FlashBlock& blk) {
+  return locate_flash_item<Mask, kSequences>(p, grid_tile(m_index, m_blocks, Mask::kLongestFirst), m_blocks, block_m,
+                                             block_n, blk);
 }
 
 /// \brief As above with the causal flag at run time (the wmma path).

@@ -47,11 +47,28 @@ __device__ __forceinline__ GridTile grid_tile(int64_t tile_index, int64_t tiles,
   return grid_tile_at(tile_index, head, static_cast<int64_t>(gridDim.y) * gridDim.z, tiles, heavy_first);
 }
 
-/// \brief A persistent grid's work item `item` (blocks take items blockIdx.x, blockIdx.x +
-/// gridDim.x, ...) as the launch position of the one-block-per-item grid it replaces: tiles of a head
-/// along x, heads one after another, as the hardware hands out that grid's blocks.
-__device__ __forceinline__ GridTile persistent_tile(int64_t item, int64_t tiles, int64_t heads, bool heavy_first) {
-  return grid_tile_at(item % tiles, item / tiles, heads, tiles, heavy_first);
+// A persistent grid (at most one block per slot) takes the items of the one-block-per-item grid it
+// replaces, `tiles` tiles of each of `heads` heads. In that grid's order (persistent_tile), block
+// blockIdx.x takes items blockIdx.x, blockIdx.x + gridDim.x, ...: a head's tiles one after another,
+// head after head, where neighbouring blocks read the same K/V tiles. Heaviest first
+// (heavy_first_tile): tile 0 of every head, then tile 1 of every head, ..., dealt to the blocks back and
+// forth (dealt_item), so that the blocks' items sum to about the same work and the lightest finish
+// last; with a static order the causal forward lost 0.67-0.92x (benchmarks/NOTES.md).
+
+/// \brief Launch position of item `item` in the one-block-per-item grid's order.
+__device__ __forceinline__ GridTile persistent_tile(int64_t item, int64_t tiles) { return {item % tiles, item / tiles}; }
+
+/// \brief The item of this block's turn k when the items are dealt back and forth: round k in block
+/// order on even k, in reverse on odd k. Increasing in k; the launcher keeps the items plus gridDim.x
+/// below 2^32.
+__device__ __forceinline__ uint32_t dealt_item(uint32_t k) {
+  const uint32_t grid = gridDim.x;
+  return k * grid + ((k & 1u) ? grid - 1u - blockIdx.x : blockIdx.x);
+}
+
+/// \brief Launch position of item `item` in heaviest-first order over `heads` heads.
+__device__ __forceinline__ GridTile heavy_first_tile(uint32_t item, uint32_t heads) {
+  return {item / heads, item % heads};
 }
 
 }  // namespace waveboost::cuda
