@@ -50,13 +50,13 @@ def test_tma_pipeline_on_views_of_a_bigger_buffer():
 def persistent_grid(d, lq, lk, causal):
     """Whether a dense 16-bit call runs the TMA kernel's persistent grid: calls of the block shapes that
     have one (head dim 128's 128 x 128 blocks, causal from 1280 query rows unless
-    WAVEBOOST_WGMMA_D128_ROWS=128; head dim 64's 64-row blocks, non-causal under 2048 query rows);
-    causal ones unless WAVEBOOST_WGMMA_PERSISTENT=0; non-causal ones every one where it is 1, none
-    where 0, else those of at most 8192 keys (head dim 128) or 2048 (head dim 64)."""
+    WAVEBOOST_WGMMA_D128_ROWS=128; head dim 64's 64-row blocks, non-causal under 2048 query rows), every
+    one where WAVEBOOST_WGMMA_PERSISTENT=1, none where 0, else causal ones from 8192 query rows and
+    non-causal ones of at most 8192 keys (head dim 128) or 2048 (head dim 64)."""
     forced = os.environ.get("WAVEBOOST_WGMMA_PERSISTENT")
     if causal:
         rows128 = lq >= 1280 or os.environ.get("WAVEBOOST_WGMMA_D128_ROWS") == "128"
-        return d == 128 and rows128 and forced != "0"
+        return d == 128 and rows128 and (forced == "1" if forced is not None else lq >= 8192)
     if d == 64 and lq >= 2048:
         return False
     if forced is not None:
@@ -163,9 +163,9 @@ def test_persistent_kernel_blocks_take_several_items():
     for every non-causal head dim 128 call, the child process below): grids of 2-8 query blocks per
     block, partial last query blocks and key tiles, GQA and MQA, and negative scales (Q negated in
     shared memory after its TMA load). So do head dim 64's non-causal calls under 2048 query rows
-    (64-row blocks, two per SM) of at most 2048 keys. Causal head dim 128 calls from 1280 query rows
-    run it too, the heaviest query blocks of every head first, dealt back and forth to the blocks
-    (under 1280 rows, the case with 1000, the one-block form of 64-row blocks)."""
+    (64-row blocks, two per SM) of at most 2048 keys. Causal head dim 128 calls from 8192 query rows
+    (from 1280 where forced; under 1280, the case with 1000, the one-block form of 64-row blocks) run
+    it too, the heaviest query blocks of every head first, dealt back and forth to the blocks."""
     d128 = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale
         (4, 16, 4, 1000, 1000, False, None),  # 512 query blocks
         (3, 20, 5, 777, 1024, False, -0.3),
@@ -175,6 +175,7 @@ def test_persistent_kernel_blocks_take_several_items():
         (4, 16, 4, 1000, 600, True, -0.3),  # rows 0-399 see no key
         (2, 16, 4, 1500, 1300, True, None),  # 128 x 128 causal blocks, rows 0-199 see no key
         (1, 32, 8, 2100, 2600, True, 0.4),  # more keys than queries
+        (1, 3, 1, 8250, 8200, True, None),  # persistent unforced: 195 query blocks, rows 0-49 see no key
     ]
     d64 = [(2, 16, 2, 1500, 1500, False, -0.5), (3, 12, 3, 2900, 2500, True, None),
            (6, 20, 4, 333, 129, False, 0.3), (1, 64, 8, 1000, 1000, False, None),
@@ -186,7 +187,7 @@ def test_persistent_kernel_blocks_take_several_items():
 def test_persistent_and_one_block_per_item_forms_forced():
     """The two forms of the TMA kernel, each forced for every call it can take in a child process
     (WAVEBOOST_WGMMA_PERSISTENT is read once per process): 0, the one-block-per-query-block form
-    (which varlen batches and causal calls always run), on the dense wgmma reference tests and the
+    (which varlen batches always run), on the dense wgmma reference tests and the
     block-shape tests; 1, the persistent form, on the block-shape tests."""
     from reference import pytest_in_child
 

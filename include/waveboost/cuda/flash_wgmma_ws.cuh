@@ -611,30 +611,35 @@ __global__ void __launch_bounds__(
                                CausalMask<kCausal>>(p, &q_map, &k_map, &v_map);
 }
 
-/// \brief Whether a dense 16-bit call runs the persistent kernel: causal calls of the 128 x 128 blocks
-/// (head dim 128, below), non-causal calls of those blocks of at most kWgmmaWsPersistentMaxKeys keys
-/// and of head dim 64's 64-row blocks (two per SM, under 2048 query rows) of at most
-/// kWgmmaWsPersistentMaxKeysHeadDim64, where a block's start and end (Q load, first K/V tiles, output) weigh against its key tiles. H100, FA2 grid, over
-/// one block per query block (three alternating rounds, benchmarks/NOTES.md, "The persistent wgmma
+/// \brief Whether a dense 16-bit call runs the persistent kernel: long causal calls of the 128 x 128
+/// blocks (head dim 128, below), non-causal calls of those blocks of at most kWgmmaWsPersistentMaxKeys
+/// keys and of head dim 64's 64-row blocks (two per SM, under 2048 query rows) of at most
+/// kWgmmaWsPersistentMaxKeysHeadDim64, where a block's start and end (Q load, first K/V tiles,
+/// output) weigh against its key tiles. H100, FA2 grid, over one block per query block (three alternating rounds, benchmarks/NOTES.md, "The persistent wgmma
 /// forward"): head dim 128 bf16 1.20x at 1024 keys, 1.10-1.15x at 1536-2048, 1.08-1.09x at
 /// 3072-4096, 1.01x at 8192 (timed by the bench suite, three rounds: 1.02x at 4096, 1.01-1.06x at
 /// 8192, level at 16k); head dim 64 bf16 / fp16
 /// 1.28 / 1.20x at 256 keys, 1.11x at 512, 1.10 / 1.05x at 1024, 1.09 / 1.03x at 1536. Causal calls
-/// of head dim 128's 128 x 128 blocks (from kWgmmaWsD128ShortMaxRows query rows) at any length: the
-/// heaviest query blocks of every head first, dealt back and forth (core/schedule.cuh); H200,
-/// bf16, FA2 grid, paired in one process over one block per query block (benchmarks/NOTES.md, "The
-/// persistent causal forward"): 1.04-1.05x at 2k, 1.07x at 4k, 1.04-1.05x at 8k, 1.03x at 16k (the
-/// non-causal order lost 0.67-0.92x there). Head dim 64's causal calls keep one block per query block.
+/// of head dim 128 from kWgmmaWsPersistentMinRowsCausal query rows: the heaviest query blocks of every
+/// head first, dealt back and forth (core/schedule.cuh). H200, FA2 grid, paired in one process over one
+/// block per query block (benchmarks/NOTES.md, "The persistent causal forward"; three runs, bf16 /
+/// fp16): 1.03-1.05x at 8k, 1.03x at 16k, 1.01-1.03x at 32k; at 2k and 4k it moved between runs
+/// (bf16 0.93-1.05x at 2k, 0.96-1.07x at 4k), so shorter calls keep one block per query block (the
+/// non-causal order lost 0.67-0.92x; heads grouped to fit K/V in L2, 0.80-0.95x).
 /// WAVEBOOST_WGMMA_PERSISTENT=0 or 1 (read once per process) decides for every call of those shapes
-/// (causal: head dim 128), to measure the rule.
+/// (causal: head dim 128 from 1280 query rows), to measure the rule.
 constexpr int64_t kWgmmaWsPersistentMaxKeys = 8192;
 constexpr int64_t kWgmmaWsPersistentMaxKeysHeadDim64 = 2048;
+constexpr int64_t kWgmmaWsPersistentMinRowsCausal = 8192;
 inline bool wgmma_ws_persistent(const AttentionParams& p) {
   static const int forced = [] {
     const char* v = std::getenv("WAVEBOOST_WGMMA_PERSISTENT");
     return v == nullptr ? -1 : (std::atoi(v) != 0 ? 1 : 0);
   }();
-  if (p.is_causal) return p.head_dim == 128 && forced != 0;
+  if (p.is_causal) {
+    if (p.head_dim != 128) return false;
+    return forced >= 0 ? forced == 1 : p.seqlen_q >= kWgmmaWsPersistentMinRowsCausal;
+  }
   if (p.head_dim != 128 && p.head_dim != 64) return false;
   if (forced >= 0) return forced == 1;
   return p.seqlen_k <= (p.head_dim == 128 ? kWgmmaWsPersistentMaxKeys : kWgmmaWsPersistentMaxKeysHeadDim64);
