@@ -433,15 +433,14 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
   });
 }
 
-// The persistent kernel (dense 16-bit batches): a grid of at most one wave of blocks, each taking
-// its work items (core/schedule.cuh: non-causal in the one-block-per-item
-// grid's order, causal the heaviest query blocks of every head first, dealt back and forth). The producer loads each
-// item's Q tile by TMA into one of two Q tiles, then its K and V tiles into the ring, whose visits
-// run on from item to item; so the next item's Q and first K/V tiles land while the consumers
-// finish the current one (its last P V product and its output), and no block starts or ends
-// between items. A Q tile is free again once every consumer warp has staged and stored its output
-// rows through it. Calls of head dim 128's 128 x 128 blocks and non-causal calls of head dim 64's
-// 64-row blocks run it, the non-causal ones up to a number of keys (wgmma_ws_persistent).
+// The persistent kernel (dense 16-bit batches): a grid of at most one wave of blocks, each taking its work items
+// (core/schedule.cuh, PersistentWalk: non-causal in the one-block-per-item grid's order, causal the heaviest query
+// blocks of every head first, dealt back and forth). The producer loads each item's Q tile by TMA into one of two
+// Q tiles, then its K and V tiles into the ring, whose visits run on from item to item; so the next item's Q and
+// first K/V tiles land while the consumers finish the current one (its last P V product and its output), and no
+// block starts or ends between items. A Q tile is free again once every consumer warp has staged and stored its
+// output rows through it. Calls of head dim 128's 128 x 128 blocks and non-causal calls of head dim 64's 64-row
+// blocks run it, the non-causal ones up to a number of keys (wgmma_ws_persistent).
 template <typename Traits, typename Mask>
 __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUtensorMap* q_map,
                                              const CUtensorMap* k_map, const CUtensorMap* v_map) {
@@ -454,23 +453,7 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
 
   const int64_t m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   const int64_t items = m_blocks * p.batch * p.heads;
-  // This block's items (core/schedule.cuh), each located (blk) and passed to body(blk).
-  const auto for_each_item = [&](auto&& body) {
-    if constexpr (Mask::kLongestFirst) {
-      const uint32_t heads = static_cast<uint32_t>(p.batch * p.heads);
-      for (uint32_t k = 0, item = dealt_item(0); item < items; item = dealt_item(++k)) {
-        FlashBlock blk;
-        locate_flash_item<Mask>(p, heavy_first_tile(item, heads), m_blocks, kBlockM, kBlockN, blk);
-        body(blk);
-      }
-    } else {
-      for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-        FlashBlock blk;
-        locate_flash_item<Mask>(p, persistent_tile(item, m_blocks), m_blocks, kBlockM, kBlockN, blk);
-        body(blk);
-      }
-    }
-  };
+  using Walk = PersistentWalk<Mask::kLongestFirst>;  // this block's items (core/schedule.cuh)
   // The ring's visits so far, and the items so far (item q_uses takes Q tile q_uses % 2; one whose
   // rows see no key gets the tile without a load, to stage its zeros in): only their residues mod 4
   // matter (stage and phase), so they may wrap.
@@ -482,14 +465,16 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
     tma::prefetch_map(q_map);
     tma::prefetch_map(k_map);
     tma::prefetch_map(v_map);
-    for_each_item([&](const FlashBlock& blk) {
+    for (Walk it = Walk::start(); it.item < items; it.next()) {
+      FlashBlock blk;
+      locate_flash_item<Mask>(p, it.at(m_blocks, p.batch * p.heads), m_blocks, kBlockM, kBlockN, blk);
       const int n_visits = blk.n_tiles;
       const int b = static_cast<int>(q_uses % 2);
       tma::wait(ring.empty_q(b), ((q_uses / 2) & 1) ^ 1);
       ++q_uses;
       if (n_visits == 0) {  // rows that see no key: the consumers stage zeros in the tile
         tma::arrive(ring.full_q(b));
-        return;
+        continue;
       }
       tma::arrive_expect_tx(ring.full_q(b), Traits::kQTileBytes);
       const uint32_t q_tile = ring.q_tile + b * Traits::kQTileBytes;
@@ -500,11 +485,13 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
       }
       produce_block<Traits>(k_map, v_map, ring, visit0, n_visits, blk);
       visit0 += n_visits;
-    });
+    }
     return;
   }
   tma::registers_grow<Traits::kConsumerRegisters>();
-  for_each_item([&](FlashBlock& blk) {
+  for (Walk it = Walk::start(); it.item < items; it.next()) {
+    FlashBlock blk;
+    locate_flash_item<Mask>(p, it.at(m_blocks, p.batch * p.heads), m_blocks, kBlockM, kBlockN, blk);
     const int n_visits = blk.n_tiles;
     const int b = static_cast<int>(q_uses % 2);
     const uint32_t q_parity = (q_uses / 2) & 1;
@@ -526,7 +513,7 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
     if (threadIdx.x % 32 == 0) tma::arrive(ring.empty_q(b));
     visit0 += n_visits;
     ++q_uses;
-  });
+  }
 }
 
 }  // namespace flash_wgmma_ws

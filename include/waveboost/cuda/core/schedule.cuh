@@ -47,28 +47,40 @@ __device__ __forceinline__ GridTile grid_tile(int64_t tile_index, int64_t tiles,
   return grid_tile_at(tile_index, head, static_cast<int64_t>(gridDim.y) * gridDim.z, tiles, heavy_first);
 }
 
-// A persistent grid (at most one block per slot) takes the items of the one-block-per-item grid it
-// replaces, `tiles` tiles of each of `heads` heads. In that grid's order (persistent_tile), block
-// blockIdx.x takes items blockIdx.x, blockIdx.x + gridDim.x, ...: a head's tiles one after another,
-// head after head, where neighbouring blocks read the same K/V tiles. Heaviest first
-// (heavy_first_tile): tile 0 of every head, then tile 1 of every head, ..., dealt to the blocks back and
-// forth (dealt_item), so that the blocks' items sum to about the same work and the lightest finish
-// last; with a static order the causal forward lost 0.67-0.92x (benchmarks/NOTES.md).
+/// \brief A block's walk over the work items of a persistent grid (at most one block per slot) that
+/// replaces the one-block-per-item grid of `tiles` tiles of each of `heads` heads:
+///
+///   for (auto it = PersistentWalk<kHeavyFirst>::start(); it.item < items; it.next()) ... it.at(tiles, heads)
+///
+/// at() is the item's launch position in that grid. kHeavyFirst == false: items blockIdx.x, blockIdx.x +
+/// gridDim.x, ... in that grid's order (a head's tiles one after another, head after head), where
+/// neighbouring blocks read the same K/V tiles.
+template <bool kHeavyFirst>
+struct PersistentWalk {
+  int64_t item;
+  __device__ __forceinline__ static PersistentWalk start() { return {static_cast<int64_t>(blockIdx.x)}; }
+  __device__ __forceinline__ void next() { item += gridDim.x; }
+  __device__ __forceinline__ GridTile at(int64_t tiles, int64_t) const { return {item % tiles, item / tiles}; }
+};
 
-/// \brief Launch position of item `item` in the one-block-per-item grid's order.
-__device__ __forceinline__ GridTile persistent_tile(int64_t item, int64_t tiles) { return {item % tiles, item / tiles}; }
-
-/// \brief The item of this block's turn k when the items are dealt back and forth: round k in block
-/// order on even k, in reverse on odd k. Increasing in k; the launcher keeps the items plus gridDim.x
-/// below 2^32.
-__device__ __forceinline__ uint32_t dealt_item(uint32_t k) {
-  const uint32_t grid = gridDim.x;
-  return k * grid + ((k & 1u) ? grid - 1u - blockIdx.x : blockIdx.x);
-}
-
-/// \brief Launch position of item `item` in heaviest-first order over `heads` heads.
-__device__ __forceinline__ GridTile heavy_first_tile(uint32_t item, uint32_t heads) {
-  return {item / heads, item % heads};
-}
+/// kHeavyFirst: tile 0 of every head, then tile 1 of every head, ... (the heaviest first), dealt to the
+/// blocks back and forth (round k in block order on even k, in reverse on odd k), so that the blocks'
+/// items sum to about the same work and the lightest finish last (in the one-block grid's order the
+/// causal forward lost 0.67-0.92x, benchmarks/NOTES.md). In 32 bits: the launcher keeps the items plus
+/// gridDim.x below 2^32.
+template <>
+struct PersistentWalk<true> {
+  uint32_t round;
+  uint32_t item;
+  __device__ __forceinline__ static uint32_t dealt(uint32_t k) {
+    const uint32_t grid = gridDim.x;
+    return k * grid + ((k & 1u) ? grid - 1u - blockIdx.x : blockIdx.x);
+  }
+  __device__ __forceinline__ static PersistentWalk start() { return {0u, dealt(0u)}; }
+  __device__ __forceinline__ void next() { item = dealt(++round); }
+  __device__ __forceinline__ GridTile at(int64_t, int64_t heads) const {
+    return {item / static_cast<uint32_t>(heads), item % static_cast<uint32_t>(heads)};
+  }
+};
 
 }  // namespace waveboost::cuda
