@@ -65,8 +65,8 @@ struct PersistentWalk {
 
 /// kHeavyFirst: tile 0 of every head, then tile 1 of every head, ... (the heaviest first), dealt to the
 /// blocks back and forth (round k in block order on even k, in reverse on odd k), so that the blocks'
-/// items sum to about the same work and the lightest finish last (in the one-block grid's order the
-/// causal forward lost 0.67-0.92x, benchmarks/NOTES.md). In 32 bits: the launcher keeps the items plus
+/// items sum to about the same work and the lightest finish last (in the order above the causal
+/// forward lost 0.67-0.92x, benchmarks/NOTES.md). In 32 bits: the launcher keeps the items plus
 /// gridDim.x below 2^32.
 template <>
 struct PersistentWalk<true> {
