@@ -637,30 +637,30 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
   constexpr bool kDqFirst = kDqBulk && Traits::kDqBeforeDk;
   static_assert(!kDqFirst || Traits::kDqSplitColumns, "dQ first: both warpgroups own a dQ part at every step");
   float dq[32];
-  // Without kDqFirst: exchange_dq's copy of a step's dq, handed over in the next step.
+  // exchange_dq's copy of a step's dq, handed over while dK runs (kDqFirst) or in the next step.
   float dq_held[32];
   const int dq_pass = Traits::kDqSplitColumns ? warpgroup : 0;
   // Which steps' dQ columns this warpgroup computes: 64 of them (pass dq_pass) in every step at
   // head_dim 128, the whole tile in every other step at head_dim 64.
   const auto dq_owner = [&](int64_t s) { return Traits::kDqSplitColumns || int(s & 1) == warpgroup; };
   // dq in the order hand_over_dq stores it: on odd g the 8-column groups i and i ^ 2 trade places.
-  const auto exchange_dq = [&](float (&out)[32]) {
+  const auto exchange_dq = [&] {
     const bool odd_g = (g & 1) != 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[4 * i + e] = odd_g ? dq[4 * (i ^ 2) + e] : dq[4 * i + e];
+      for (int e = 0; e < 4; ++e) dq_held[4 * i + e] = odd_g ? dq[4 * (i ^ 2) + e] : dq[4 * i + e];
     }
   };
-  // Stores `held` (dq as exchange_dq leaves it) as this warp's dQ tile part of step s.
-  const auto hand_over_dq = [&](int64_t s, const float (&held)[32]) {
+  // Stores dq_held (dq as exchange_dq leaves it) as this warp's dQ tile part of step s.
+  const auto hand_over_dq = [&](int64_t s) {
     if (s > 0) tma::named_barrier_sync(kDqEmpty, 32 + Traits::kDqWriters);  // step s - 1's tile read
     // Accumulator 4 j + 2 hh + e: query row warp * 16 + g + 8 hh, dim 64 dq_pass + 8 j + 2 t + e.
     // Column c = 64 dq_pass + 8 j + 2 t of row r = 16 warp + g + 8 hh (r % 8 = g): box c / 32,
     // 16 B chunk (c % 32) / 4 = 2 (j % 4) + t / 2 stored at chunk ^ g, 8 B half t % 2.
     // Store i writes group j = i on even g and j = i ^ 2 on odd g: the 16 lanes of each half
     // warp (four values of g) then cover the eight chunks of a row once (with j = i for every
-    // lane, only four: a 2-way bank conflict on each store). `held` holds group j in place i.
+    // lane, only four: a 2-way bank conflict on each store). dq_held holds group j in place i.
     const bool odd_g = (g & 1) != 0;
     const uint32_t chunk_xor = static_cast<uint32_t>((odd_g ? 4 : 0) ^ (t / 2) ^ g);
     const uint32_t tile = sm.dq_tile() + 2 * dq_pass * Traits::kDqBoxBytes + (warp * 16 + g) * 128 + 8 * (t % 2);
@@ -669,8 +669,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const uint32_t addr = tile + (i / 4) * Traits::kDqBoxBytes + 8 * hh * 128 + (((2 * (i % 4)) ^ chunk_xor) * 16);
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(held[4 * i + 2 * hh]),
-                     "f"(held[4 * i + 2 * hh + 1])
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq_held[4 * i + 2 * hh]),
+                     "f"(dq_held[4 * i + 2 * hh + 1])
                      : "memory");
       }
     }
@@ -693,7 +693,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     float st[32];
     flash_bwd_wgmma::issue_transposed<Traits>(st, sm.k_tile() + kv_a_rows, sm.q_tile(stage));
     if constexpr (kDqBulk && !kDqFirst) {
-      if (s > 0 && dq_owner(s - 1)) hand_over_dq(s - 1, dq_held);
+      if (s > 0 && dq_owner(s - 1)) hand_over_dq(s - 1);
     }
 
     // dP^T, P^T, dS^T and the dV (and, unless kDqFirst, dK) products issued (as the cp.async
@@ -729,9 +729,8 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       flash_bwd_wgmma::issue_dk<Traits>(dk, dst, q_b, stage * Traits::kQTileBytes);
       wgmma::wait_group<1>();  // dV and dQ done, dK in flight
       wgmma::fence_operands(dq);
-      float exchanged[32];
-      exchange_dq(exchanged);
-      hand_over_dq(s, exchanged);
+      exchange_dq();
+      hand_over_dq(s);
     }
     wgmma::wait_group<0>();  // dV, dK (and dQ): Q, dO of this stage read
     wgmma::fence_operands(dq);
@@ -747,7 +746,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
       // cannot see through (a select on the lane), or it takes the next step's stores, under its S^T
       // product, for reads of the dQ product's accumulators and waits for every product first (C7517,
       // C7518: the products serialized). A plain move is propagated away.
-      exchange_dq(dq_held);
+      exchange_dq();
     }
 
     if constexpr (!kDqBulk) {
@@ -763,7 +762,7 @@ __device__ __forceinline__ void backward_block(const AttentionBackwardParams& p,
     }
   }
   if constexpr (kDqBulk && !kDqFirst) {
-    if (steps > 0 && dq_owner(steps - 1)) hand_over_dq(steps - 1, dq_held);
+    if (steps > 0 && dq_owner(steps - 1)) hand_over_dq(steps - 1);
   }
 
   store_key_rows<Element, kHeadDim / 8>(p, blk, n0 + key_row, 0, g, t, [&](int i, int j) { return dk[4 * i + j]; },
