@@ -454,6 +454,9 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
   const int64_t m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   const int64_t items = m_blocks * p.batch * p.heads;
   using Walk = PersistentWalk<Mask::kLongestFirst>;  // this block's items (core/schedule.cuh)
+  const auto locate = [&](const Walk& it, FlashBlock& blk) {
+    locate_flash_item<Mask>(p, it.at(m_blocks, p.batch * p.heads), m_blocks, kBlockM, kBlockN, blk);
+  };
   // The ring's visits so far, and the items so far (item q_uses takes Q tile q_uses % 2; one whose
   // rows see no key gets the tile without a load, to stage its zeros in): only their residues mod 4
   // matter (stage and phase), so they may wrap.
@@ -467,7 +470,7 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
     tma::prefetch_map(v_map);
     for (Walk it = Walk::start(); it.item < items; it.next()) {
       FlashBlock blk;
-      locate_flash_item<Mask>(p, it.at(m_blocks, p.batch * p.heads), m_blocks, kBlockM, kBlockN, blk);
+      locate(it, blk);
       const int n_visits = blk.n_tiles;
       const int b = static_cast<int>(q_uses % 2);
       tma::wait(ring.empty_q(b), ((q_uses / 2) & 1) ^ 1);
@@ -491,7 +494,7 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
   tma::registers_grow<Traits::kConsumerRegisters>();
   for (Walk it = Walk::start(); it.item < items; it.next()) {
     FlashBlock blk;
-    locate_flash_item<Mask>(p, it.at(m_blocks, p.batch * p.heads), m_blocks, kBlockM, kBlockN, blk);
+    locate(it, blk);
     const int n_visits = blk.n_tiles;
     const int b = static_cast<int>(q_uses % 2);
     const uint32_t q_parity = (q_uses / 2) & 1;
