@@ -118,7 +118,8 @@ def _check_block_heights(d, cases, varlen, seed):
 
 def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
     """At head dim 64 the TMA kernel runs blocks of 192 query rows (three consumer warpgroups) from
-    2048 query rows on (causal: 2304), blocks of 64 rows below: both sides of the thresholds,
+    2048 query rows on (causal: 2304), blocks of 64 rows below (16-bit causal calls over 64-key tiles,
+    three blocks per SM): both sides of the thresholds,
     query lengths that leave a partial last block, causal with more and with fewer queries than keys
     (rows that see no key: zeros, LSE -inf), GQA, a negative scale, and varlen batches whose longest
     sequence crosses the threshold."""

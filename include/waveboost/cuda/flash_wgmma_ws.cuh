@@ -526,11 +526,13 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
 // softmax's dependency chains, not a pipe, bound two warps per scheduler (benchmarks/NOTES.md:
 // 1.06-1.27x over 128 at 2k-16k). A query block of 192 rows wastes up to 191 rows of a sequence's
 // last block, which shorter calls feel (0.85x at 1k causal); they take blocks of 64 rows (one
-// consumer warpgroup), two per SM, so that one block's start (Q copy, first loads, first softmax)
+// consumer warpgroup), two per SM (16-bit causal calls: three, over 64-key tiles, see
+// kWgmmaWsD64ShortCausalBlocksPerSM), so that one block's start (Q copy, first loads, first softmax)
 // and end run beside the other's main loop: 1.08-1.16x over blocks of 128 at 256-1024 rows on an
 // H100 and an H200; from 2048 rows 192 stays ahead (H200: 64 at 0.95x non-causal at 2k, 0.84-0.99x
 // from 4k), each K/V tile feeding 64 rows instead of 192. Causal calls keep 64 below 2304 rows
-// (over 192, H100: 1.03-1.05x at 2048 causal, 0.99x at 2304, 0.95-0.97x at 3072; H200 1.04x at 2048).
+// (over 192, H100: 1.03-1.05x at 2048 causal, 0.99x at 2304, 0.95-0.97x at 3072; H200 1.04x at 2048;
+// measured with two blocks of 128-key tiles per SM, before the three of 64-key tiles).
 constexpr int kWgmmaWsBlockMHeadDim64 = 192;
 constexpr int64_t kWgmmaWsMinRows192 = 2048;
 constexpr int64_t kWgmmaWsMinRows192Causal = 2304;
@@ -568,6 +570,15 @@ inline int wgmma_ws_block_m(const AttentionParams& p) {
 // WAVEBOOST_WGMMA_D128_ROWS=128 (read once per process) turns it off, to measure the rule.
 constexpr int kWgmmaWsD128ShortBlockN = 64;
 constexpr int64_t kWgmmaWsD128ShortMaxRows = 1280;
+
+// Head dim 64, 16-bit causal calls in 64-row blocks (under kWgmmaWsMinRows192Causal query rows): tiles
+// of 64 keys, three blocks per SM (~42 KB each; S, O and P in the 136 registers a consumer gets of a
+// third of the register file), where two blocks of 128-key tiles (75 KB) left the SM waiting on each
+// block's start and end (benchmarks/NOTES.md, "Head dim 64's short blocks at three blocks per SM":
+// H200, bf16 and fp16, 1.20x at 512 rows, 1.13x at 1024, 1.07x at 2048). Non-causal calls keep 128-key
+// tiles, two per SM (1.03x at 512 rows, level from 1024), as does e4m3.
+constexpr int kWgmmaWsD64ShortCausalBlockN = 64;
+constexpr int kWgmmaWsD64ShortCausalBlocksPerSM = 3;
 inline bool wgmma_ws_d128_short(const AttentionParams& p) {
   static const bool off = [] {
     const char* v = std::getenv("WAVEBOOST_WGMMA_D128_ROWS");
@@ -654,10 +665,12 @@ inline bool wgmma_ws_takes(const AttentionParams& p) {
   return p.seqlen_k > 0 && rows > 0 && rows < (int64_t{1} << 31) && !p.is_paged();
 }
 
-/// \brief The launch of one block height (launch_flash_wgmma_ws picks it).
-/// kCausalOnly: only the causal kernels of this shape are built (the rule sends no other call).
+/// \brief Which masks a block shape's kernels are built for: the rules send only those calls to it.
+enum class WsMasks { kBoth, kCausal, kNonCausal };
+
+/// \brief The launch of one block height (launch_flash_wgmma_ws picks it), with kernels built for kMasks.
 template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM = 1, int kBlockN = kWgmmaBlockN,
-          bool kCausalOnly = false>
+          WsMasks kMasks = WsMasks::kBoth>
 Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream) {
   using Traits = FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>;
   // Without keys (e4m3 only: the other dtypes run such calls on the wgmma kernel) no tile is
@@ -669,21 +682,23 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
   const FoldedGrid g = folded_grid(p, Traits::kBlockM);
   const bool sequences = !p.is_dense();
-  auto kernel = flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true, false>;
-  if constexpr (kCausalOnly) {
-    if (!p.is_causal) return Status::Internal("this wgmma block shape is built for causal calls only");
-    if (sequences) kernel = flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true, true>;
-  } else {
-    if (!p.is_causal) kernel = flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false, false>;
-    if constexpr (Traits::kTransposes) {
-      if (sequences) return Status::NotSupported("the e4m3 wgmma kernel runs dense batches");
-    } else if (sequences) {
-      kernel = p.is_causal ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true, true>
-                           : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false, true>;
-    }
+  if constexpr (Traits::kTransposes) {
+    if (sequences) return Status::NotSupported("the e4m3 wgmma kernel runs dense batches");
   }
-  // The persistent kernel: head dim 128's 128 x 128 blocks and head dim 64's 64-row blocks.
-  if constexpr (!Traits::kTransposes && !kCausalOnly &&
+  void (*kernel)(AttentionParams, CUtensorMap, CUtensorMap) = nullptr;
+  if constexpr (kMasks != WsMasks::kNonCausal) {
+    if (p.is_causal)
+      kernel = sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true, !Traits::kTransposes>
+                         : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true, false>;
+  }
+  if constexpr (kMasks != WsMasks::kCausal) {
+    if (!p.is_causal)
+      kernel = sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false, !Traits::kTransposes>
+                         : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false, false>;
+  }
+  if (kernel == nullptr) return Status::Internal("this wgmma block shape is not built for this call's mask");
+  // The persistent kernel: head dim 128's 128 x 128 blocks and head dim 64's non-causal 64-row blocks.
+  if constexpr (!Traits::kTransposes && kMasks != WsMasks::kCausal &&
                 ((kHeadDim == 128 && kBlockM == kWgmmaBlockM) || (kHeadDim == 64 && kBlockM == kWgmmaWsBlockMShort))) {
     if (wgmma_ws_persistent_shape(p)) {  // the shape condition above, and a dense 16-bit call
       CUtensorMap q_map{};
@@ -725,12 +740,20 @@ Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
   if constexpr (kHeadDim == 64) {
     if (wgmma_ws_block_m(p) == kWgmmaWsBlockMHeadDim64)
       return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMHeadDim64>(p, stream);
-    return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM>(p, stream);
+    if constexpr (sizeof(Element) == 2) {
+      if (p.is_causal)
+        return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsD64ShortCausalBlocksPerSM,
+                                          kWgmmaWsD64ShortCausalBlockN, WsMasks::kCausal>(p, stream);
+      return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM,
+                                        kWgmmaBlockN, WsMasks::kNonCausal>(p, stream);
+    } else {
+      return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM>(p, stream);
+    }
   } else {
     if constexpr (sizeof(Element) == 2) {
       if (wgmma_ws_d128_short(p))
         return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM,
-                                          kWgmmaWsD128ShortBlockN, true>(p, stream);
+                                          kWgmmaWsD128ShortBlockN, WsMasks::kCausal>(p, stream);
     }
     return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaBlockM>(p, stream);
   }
