@@ -576,7 +576,7 @@ constexpr int64_t kWgmmaWsD128ShortMaxRows = 1280;
 // third of the register file), where two blocks of 128-key tiles (75 KB) left the SM waiting on each
 // block's start and end (benchmarks/NOTES.md, "Head dim 64's short blocks at three blocks per SM":
 // H200, bf16 and fp16, 1.20x at 512 rows, 1.13x at 1024, 1.07x at 2048). Non-causal calls keep 128-key
-// tiles, two per SM (1.03x at 512 rows, level from 1024), as does e4m3.
+// tiles, two per SM (1.03x at 512 rows, level from 1024).
 constexpr int kWgmmaWsD64ShortCausalBlockN = 64;
 constexpr int kWgmmaWsD64ShortCausalBlocksPerSM = 3;
 inline bool wgmma_ws_d128_short(const AttentionParams& p) {
