@@ -20,20 +20,14 @@ import statistics
 
 import torch
 
-from ab_time import DTYPES, fa2_cell_call, ints  # this script's folder
+from ab_time import add_cell_arguments, fa2_cells  # this script's folder
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", required=True)
     ap.add_argument("--values", required=True, help="comma-separated; the first is the base of the ratios")
-    ap.add_argument("--backend", default="auto")
-    ap.add_argument("--pass", dest="which", choices=["fwd", "bwd"], default="fwd")
-    ap.add_argument("--dtypes", default="bf16")
-    ap.add_argument("--head-dims", type=ints, default=[64, 128])
-    ap.add_argument("--seqlens", type=ints, default=[1024, 4096])
-    ap.add_argument("--causal", choices=("0", "1", "both"), default="both")
-    ap.add_argument("--deterministic", action="store_true")
+    add_cell_arguments(ap)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--out", default=None, help="also append the per-round lines to this file")
@@ -41,40 +35,34 @@ def main(argv=None) -> None:
     values = args.values.split(",")
     sink = open(args.out, "a") if args.out else None
     summary = []
-    for dname in args.dtypes.split(","):
-        for d in args.head_dims:
-            for causal in {"0": (False,), "1": (True,), "both": (False, True)}[args.causal]:
-                for L in args.seqlens:
-                    run = fa2_cell_call(args.which, args.backend, DTYPES[dname], d, L, causal, args.deterministic)
-                    for value in values:
-                        os.environ[args.env] = value
-                        for _ in range(2):
-                            run()
-                    torch.cuda.synchronize()
-                    times = {value: [] for value in values}
-                    which = args.which + ("-det" if args.deterministic else "")
-                    cell = f"{which} {args.backend} {dname} {d} {L} {int(causal)}"
-                    for r in range(args.rounds):
-                        order = values[r % len(values):] + values[:r % len(values)]
-                        for value in order:
-                            os.environ[args.env] = value
-                            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                            start.record()
-                            for _ in range(args.calls):
-                                run()
-                            end.record()
-                            torch.cuda.synchronize()
-                            ms = start.elapsed_time(end) / args.calls
-                            times[value].append(ms)
-                            line = f"{args.env}={value} {cell} {ms:.4f}"
-                            print(line, flush=True)
-                            if sink:
-                                print(line, file=sink, flush=True)
-                    ratios = []  # per other value: (median, min, max) of the paired ratios
-                    for value in values[1:]:
-                        paired = sorted(a / c for a, c in zip(times[values[0]], times[value]))
-                        ratios.append((statistics.median(paired), paired[0], paired[-1]))
-                    summary.append((cell, [statistics.median(times[v]) for v in values], ratios))
+    for cell, run in fa2_cells(args):
+        for value in values:
+            os.environ[args.env] = value
+            for _ in range(2):
+                run()
+        torch.cuda.synchronize()
+        times = {value: [] for value in values}
+        for r in range(args.rounds):
+            order = values[r % len(values):] + values[:r % len(values)]
+            for value in order:
+                os.environ[args.env] = value
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(args.calls):
+                    run()
+                end.record()
+                torch.cuda.synchronize()
+                ms = start.elapsed_time(end) / args.calls
+                times[value].append(ms)
+                line = f"{args.env}={value} {cell} {ms:.4f}"
+                print(line, flush=True)
+                if sink:
+                    print(line, file=sink, flush=True)
+        ratios = []  # per other value: (median, min, max) of the paired ratios
+        for value in values[1:]:
+            paired = sorted(a / c for a, c in zip(times[values[0]], times[value]))
+            ratios.append((statistics.median(paired), paired[0], paired[-1]))
+        summary.append((cell, [statistics.median(times[v]) for v in values], ratios))
     os.environ.pop(args.env, None)
     print(f"# paired ratios, median over {args.rounds} rounds [min, max]; ms medians in the order {values}")
     for cell, medians, ratios in summary:

@@ -42,40 +42,52 @@ def fa2_cell_call(which: str, backend: str, dtype, head_dim: int, seqlen: int, c
                                                 deterministic=deterministic, backend=backend)
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("tag")
+def add_cell_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options that name FA2-grid cells and the call timed in each (fa2_cells)."""
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--pass", dest="which", choices=["fwd", "bwd"], default="fwd")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--head-dims", type=ints, default=[64, 128])
     ap.add_argument("--seqlens", type=ints, default=[1024, 4096])
-    ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--deterministic", action="store_true", help="backward with deterministic=True")
     ap.add_argument("--causal", choices=("0", "1", "both"), default="both",
                     help="0: the non-causal cells, 1: the causal ones, both (default)")
-    args = ap.parse_args(argv)
+
+
+def fa2_cells(args):
+    """(label, call) per cell the options of add_cell_arguments name, each call made (its inputs
+    allocated) when its cell comes; label: `pass backend dtype D L causal`. e4m3 cells other than
+    the forward at head dim 128 are skipped."""
+    which = args.which + ("-det" if args.deterministic else "")
     for dname in args.dtypes.split(","):
         for d in args.head_dims:
             for causal in {"0": (False,), "1": (True,), "both": (False, True)}[args.causal]:
                 for L in args.seqlens:
                     if dname == "e4m3" and (d != 128 or args.which != "fwd"):
                         continue
-                    run = fa2_cell_call(args.which, args.backend, DTYPES[dname], d, L, causal, args.deterministic)
-                    for _ in range(3):
-                        run()
-                    times = []
-                    for _ in range(args.repeats):
-                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        start.record()
-                        run()
-                        end.record()
-                        torch.cuda.synchronize()
-                        times.append(start.elapsed_time(end))
-                    times.sort()
-                    which = args.which + ("-det" if args.deterministic else "")
-                    print(f"{args.tag} {which} {args.backend} {dname} {d} {L} {int(causal)} "
-                          f"{times[len(times) // 2]:.4f}", flush=True)
+                    yield (f"{which} {args.backend} {dname} {d} {L} {int(causal)}",
+                           fa2_cell_call(args.which, args.backend, DTYPES[dname], d, L, causal, args.deterministic))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tag")
+    add_cell_arguments(ap)
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args(argv)
+    for cell, run in fa2_cells(args):
+        for _ in range(3):
+            run()
+        times = []
+        for _ in range(args.repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        times.sort()
+        print(f"{args.tag} {cell} {times[len(times) // 2]:.4f}", flush=True)
 
 
 if __name__ == "__main__":
