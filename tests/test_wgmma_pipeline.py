@@ -118,7 +118,7 @@ def _check_block_heights(d, cases, varlen, seed):
 
 def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
     """At head dim 64 the TMA kernel runs blocks of 192 query rows (three consumer warpgroups) from
-    2048 query rows on (causal: 2304), blocks of 64 rows below (16-bit causal calls over 64-key tiles,
+    2048 query rows on (causal: 4097), blocks of 64 rows below (16-bit causal calls over 64-key tiles,
     three blocks per SM): both sides of the thresholds,
     query lengths that leave a partial last block, causal with more and with fewer queries than keys
     (rows that see no key: zeros, LSE -inf), GQA, a negative scale, and varlen batches whose longest
@@ -126,11 +126,11 @@ def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
     cases = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale
         (1, 4, 2, 2047, 600, False, None),  # 64-row blocks
         (3, 4, 2, 700, 1500, True, -0.4),  # 64-row blocks, causal
-        (1, 8, 2, 2048, 2048, True, None),  # 64-row blocks (causal under 2304)
-        (1, 8, 2, 2303, 2303, True, None),  # 64-row blocks, the last causal height under the threshold
-        (1, 8, 2, 2304, 2304, True, None),
-        (2, 3, 1, 2700, 2400, True, None),  # 300 rows see no key
-        (1, 6, 3, 2613, 3000, True, -0.2),
+        (1, 8, 2, 2048, 2048, True, None),  # 64-row blocks (causal up to 4096)
+        (2, 3, 1, 2700, 2400, True, None),  # 64-row blocks, 300 rows see no key
+        (1, 4, 2, 4096, 4096, True, None),  # 64-row blocks, the last causal height under the threshold
+        (1, 4, 2, 4097, 4097, True, None),  # 192-row blocks
+        (1, 3, 1, 4500, 4200, True, -0.2),  # 192-row blocks, 300 rows see no key
         (2, 2, 1, 2305, 257, False, 0.3),
     ]  # grids of at least half the SMs' worth of 128-row blocks on an H100: no split-KV
     # Varlen: packed sequences of 2700, 0, 37 and 2049 query rows (max 2700: the 192-row kernel), and

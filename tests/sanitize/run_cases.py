@@ -61,9 +61,10 @@ def cases():
     # blocks, so no split-KV.
     out += [("wgmma", "bf16", (4, 256, 601, 16, 4), 64, True, "contiguous"),
             ("wgmma", "fp16", (4, 256, 601, 16, 4), 128, False, "contiguous")]
-    # Head dim 64 from 2048 query rows (causal: 2304): the TMA kernel's blocks of 192 rows (three
+    # Head dim 64 from 2048 query rows (causal: past 4096): the TMA kernel's blocks of 192 rows (three
     # consumer warpgroups), a partial last block, causal rows that see no key.
-    out += [("wgmma", "fp16", (1, 2600, 2400, 6, 2), 64, True, "contiguous")]
+    out += [("wgmma", "fp16", (1, 2600, 2400, 6, 2), 64, False, "contiguous"),
+            ("wgmma", "fp16", (1, 4300, 4100, 2, 1), 64, True, "contiguous")]
     # Head dim 64 under 2048 query rows: blocks of 64 rows, two per SM (causal: three, over 64-key tiles); a
     # tail block and a ring that wraps.
     out += [("wgmma", "bf16", (4, 200, 601, 16, 4), 64, False, "contiguous"),  # 128 blocks of 128 rows: no split-KV

@@ -530,12 +530,13 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
 // kWgmmaWsD64ShortCausalBlocksPerSM), so that one block's start (Q copy, first loads, first softmax)
 // and end run beside the other's main loop: 1.08-1.16x over blocks of 128 at 256-1024 rows on an
 // H100 and an H200; from 2048 rows 192 stays ahead (H200: 64 at 0.95x non-causal at 2k, 0.84-0.99x
-// from 4k), each K/V tile feeding 64 rows instead of 192. Causal calls keep 64 below 2304 rows
-// (over 192, H100: 1.03-1.05x at 2048 causal, 0.99x at 2304, 0.95-0.97x at 3072; H200 1.04x at 2048;
-// measured with two blocks of 128-key tiles per SM, before the three of 64-key tiles).
+// from 4k), each K/V tile feeding 64 rows instead of 192. Causal calls keep 64 up to 4096 rows: with
+// the 64-row causal blocks over 64-key tiles, three per SM, over 192 on an H200 1.00x at 3072 rows,
+// 1.015-1.025x at 4096, 0.93x at 8192 (benchmarks/NOTES.md; with two blocks of 128-key tiles per SM
+// the threshold had been 2304: H100 0.99x there, 0.95-0.97x at 3072).
 constexpr int kWgmmaWsBlockMHeadDim64 = 192;
 constexpr int64_t kWgmmaWsMinRows192 = 2048;
-constexpr int64_t kWgmmaWsMinRows192Causal = 2304;
+constexpr int64_t kWgmmaWsMinRows192Causal = 4097;
 constexpr int kWgmmaWsBlockMShort = 64;
 constexpr int kWgmmaWsShortBlocksPerSM = 2;
 
