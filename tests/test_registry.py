@@ -200,10 +200,11 @@ def test_plan_names_the_tma_kernel_and_the_split():
             r["variant"] == "tma" for r in waveboost.kernels()):
         pytest.skip("the wgmma kernels run on compute capability 9.0 builds with sm_90a objects")
     mk = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    # A full grid: unsplit, on the TMA kernel; non-causal, on its persistent grid unless
-    # WAVEBOOST_WGMMA_PERSISTENT=0 (read once per process), causal from 8192 query rows (or where it is 1).
+    # A full grid: unsplit, on the TMA kernel; on its persistent grid unless WAVEBOOST_WGMMA_PERSISTENT=0 (read
+    # once per process): non-causal, and causal from 8192 query rows or where the 128-row query blocks fill a
+    # wave (1024 of them here).
     q, k = mk(4, 2048, 16, 128), mk(4, 2048, 16, 128)
-    assert waveboost.plan(q, k, k, causal=True)["persistent"] == (os.environ.get("WAVEBOOST_WGMMA_PERSISTENT") == "1")
+    assert waveboost.plan(q, k, k, causal=True)["persistent"] == (os.environ.get("WAVEBOOST_WGMMA_PERSISTENT") != "0")
     q8k = mk(1, 8192, 16, 128)
     assert waveboost.plan(q8k, q8k, q8k, causal=True)["persistent"] == (os.environ.get("WAVEBOOST_WGMMA_PERSISTENT") != "0")
     assert waveboost.plan(q, k, k) == {"backend": "wgmma", "kernel": "wgmma_tma_hdim128_bf16", "num_splits": 1,

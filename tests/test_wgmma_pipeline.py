@@ -47,21 +47,26 @@ def test_tma_pipeline_on_views_of_a_bigger_buffer():
                 assert (lse.double() - ref_lse)[finite].abs().max().item() < 1e-3
 
 
-def persistent_grid(d, lq, lk, causal):
-    """Whether a dense 16-bit call runs the TMA kernel's persistent grid: calls of the block shapes that
-    have one (head dim 128's 128 x 128 blocks, causal from 1280 query rows unless
-    WAVEBOOST_WGMMA_D128_ROWS=128; head dim 64's 64-row blocks, non-causal under 2048 query rows), every
-    one where WAVEBOOST_WGMMA_PERSISTENT=1, none where 0, else causal ones from 8192 query rows and
-    non-causal ones of at most 8192 keys (head dim 128) or 2048 (head dim 64)."""
+def persistent_grid(d, lq, lk, causal, heads):
+    """Whether a dense 16-bit call of `heads` batch x heads runs the TMA kernel's persistent grid: calls of
+    the block shapes that have one (head dim 128's 128 x 128 blocks; head dim 64's 64-row blocks, under 2048
+    query rows non-causal, up to 4096 causal), every one where WAVEBOOST_WGMMA_PERSISTENT=1, none where 0,
+    else non-causal ones of at most 8192 keys (head dim 128) or 2048 (head dim 64), causal head dim 128 ones
+    from 8192 query rows or whose 128-row query blocks fill a wave (one block per SM), and causal head dim 64
+    ones under 2048 query rows whose pairs of 64-row query blocks fill a wave of three blocks per SM."""
+    import torch
+
     forced = os.environ.get("WAVEBOOST_WGMMA_PERSISTENT")
-    if causal:
-        rows128 = lq >= 1280 or os.environ.get("WAVEBOOST_WGMMA_D128_ROWS") == "128"
-        return d == 128 and rows128 and (forced == "1" if forced is not None else lq >= 8192)
-    if d == 64 and lq >= 2048:
+    if d == 64 and lq >= (4097 if causal else 2048):
         return False
     if forced is not None:
         return forced == "1"
-    return lk <= (8192 if d == 128 else 2048)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if not causal:
+        return lk <= (8192 if d == 128 else 2048)
+    if d == 128:
+        return lq >= 8192 or (lq + 127) // 128 * heads >= sms
+    return lq < 2048 and ((lq + 63) // 64 + 1) // 2 * heads >= 3 * sms
 
 
 def _check_block_heights(d, cases, varlen, seed):
@@ -83,7 +88,7 @@ def _check_block_heights(d, cases, varlen, seed):
             where = (dtype, b, h, hkv, lq, lk, causal, s)
             plan = waveboost.plan(q, k, v, causal=causal, backend="wgmma")
             assert plan["kernel"].startswith(f"wgmma_tma_hdim{d}"), where
-            assert plan["persistent"] == persistent_grid(d, lq, lk, causal), where
+            assert plan["persistent"] == persistent_grid(d, lq, lk, causal, b * h), where
             out, lse = waveboost.attention(q, k, v, causal=causal, softmax_scale=s, backend="wgmma",
                                            return_lse=True)
             ref, ref_lse = reference(q, k, v, causal, s)
@@ -141,12 +146,15 @@ def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
 
 
 def test_tma_pipeline_head_dim_128_short_causal_blocks():
-    """At head dim 128 causal calls under 1280 query rows run blocks of 64 rows over 64-key tiles (two
-    per SM), the rest blocks of 128 rows over 128-key tiles: both sides of the threshold, partial last
+    """At head dim 128 causal calls under 1280 query rows that do not run the persistent grid (a grid of
+    fewer 128-row query blocks than SMs, a sequence layout, or WAVEBOOST_WGMMA_PERSISTENT=0 in the child
+    process of test_persistent_and_one_block_per_item_forms_forced) run blocks of 64 rows over 64-key tiles
+    (two per SM), the rest blocks of 128 rows over 128-key tiles: both sides of the threshold, partial last
     blocks and key tiles, causal with more and with fewer queries than keys, GQA, a negative scale,
     a single row and key, and varlen batches on either side."""
     cases = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale
-        (2, 16, 4, 1279, 1279, True, None),  # 64 x 64 blocks
+        (2, 16, 4, 1279, 1279, True, None),  # 64 x 64 blocks (persistent 128 x 128 unless forced off)
+        (4, 4, 2, 1000, 1100, True, 0.3),  # 128 query blocks of 128 rows, fewer than the SMs: 64 x 64 blocks
         (1, 16, 8, 1280, 1400, True, -0.3),  # 128 x 128 blocks
         (4, 16, 4, 300, 200, True, None),  # 100 rows see no key
         (8, 16, 2, 97, 1025, True, 0.2),  # fewer queries than keys
@@ -164,9 +172,10 @@ def test_persistent_kernel_blocks_take_several_items():
     for every non-causal head dim 128 call, the child process below): grids of 2-8 query blocks per
     block, partial last query blocks and key tiles, GQA and MQA, and negative scales (Q negated in
     shared memory after its TMA load). So do head dim 64's non-causal calls under 2048 query rows
-    (64-row blocks, two per SM) of at most 2048 keys. Causal head dim 128 calls from 8192 query rows
-    (from 1280 where forced; under 1280, the case with 1000, the one-block form of 64-row blocks) run
-    it too, the heaviest query blocks of every head first, dealt back and forth to the blocks."""
+    (64-row blocks, two per SM) of at most 2048 keys. Causal head dim 128 calls run it too: from 8192 query
+    rows the heaviest query blocks of every head first, below that (grids that fill a wave) the grid's order
+    dealt back and forth to the blocks; and causal head dim 64 calls under 2048 query rows (64-row blocks,
+    three per SM) a head's query blocks in pairs of equal work, an odd count's middle block alone."""
     d128 = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale
         (4, 16, 4, 1000, 1000, False, None),  # 512 query blocks
         (3, 20, 5, 777, 1024, False, -0.3),
@@ -179,6 +188,9 @@ def test_persistent_kernel_blocks_take_several_items():
         (1, 3, 1, 8250, 8200, True, None),  # persistent unforced: 195 query blocks, rows 0-49 see no key
     ]
     d64 = [(2, 16, 2, 1500, 1500, False, -0.5), (3, 12, 3, 2900, 2500, True, None),
+           (4, 16, 4, 1000, 1000, True, None),  # 8 pairs of query blocks per head
+           (3, 24, 4, 650, 700, True, -0.3),  # 11 query blocks: 5 pairs and the middle block alone
+           (4, 16, 4, 900, 600, True, 0.5),  # rows 0-299 see no key
            (6, 20, 4, 333, 129, False, 0.3), (1, 64, 8, 1000, 1000, False, None),
            (2, 24, 4, 700, 2100, False, None)]  # persistent only when forced
     _check_block_heights(128, d128, [], seed=29)

@@ -434,14 +434,14 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
 }
 
 // The persistent kernel (dense 16-bit batches): a grid of at most one wave of blocks, each taking its work items
-// (core/schedule.cuh, PersistentWalk: non-causal in the one-block-per-item grid's order, causal the heaviest query
-// blocks of every head first, dealt back and forth). The producer loads each item's Q tile by TMA into one of two
+// in the walk kOrder (core/schedule.cuh, PersistentWalk: non-causal in the one-block-per-item grid's order; causal
+// that order dealt back and forth, the heaviest query blocks of every head first, or a head's query blocks in
+// pairs of equal work, as wgmma_ws_causal_walk picks). The producer loads each item's Q tile by TMA into one of two
 // Q tiles, then its K and V tiles into the ring, whose visits run on from item to item; so the next item's Q and
 // first K/V tiles land while the consumers finish the current one (its last P V product and its output), and no
 // block starts or ends between items. A Q tile is free again once every consumer warp has staged and stored its
-// output rows through it. Calls of head dim 128's 128 x 128 blocks and non-causal calls of head dim 64's 64-row
-// blocks run it, the non-causal ones up to a number of keys (wgmma_ws_persistent).
-template <typename Traits, typename Mask>
+// output rows through it. wgmma_ws_persistent says which calls run it.
+template <typename Traits, typename Mask, WalkOrder kOrder>
 __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUtensorMap* q_map,
                                              const CUtensorMap* k_map, const CUtensorMap* v_map) {
   static_assert(!Traits::kTransposes, "the e4m3 kernel is not persistent");
@@ -452,10 +452,9 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
   const Ring<Traits> ring = make_ring<Traits, 2>(smem_raw, q_smem);
 
   const int64_t m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const int64_t items = m_blocks * p.batch * p.heads;
-  using Walk = PersistentWalk<Mask::kLongestFirst>;  // this block's items (core/schedule.cuh)
+  using Walk = PersistentWalk<kOrder>;  // this block's items (core/schedule.cuh)
   const auto locate = [&](const Walk& it, FlashBlock& blk) {
-    locate_flash_item<Mask>(p, it.at(m_blocks, p.batch * p.heads), m_blocks, kBlockM, kBlockN, blk);
+    locate_flash_item<Mask>(p, it.at(), m_blocks, kBlockM, kBlockN, blk);
   };
   // The ring's visits so far, and the items so far (item q_uses takes Q tile q_uses % 2; one whose
   // rows see no key gets the tile without a load, to stage its zeros in): only their residues mod 4
@@ -468,7 +467,7 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
     tma::prefetch_map(q_map);
     tma::prefetch_map(k_map);
     tma::prefetch_map(v_map);
-    for (Walk it = Walk::start(); it.item < items; it.next()) {
+    for (Walk it = Walk::start(m_blocks, p.batch * p.heads); it.more(); it.next()) {
       FlashBlock blk;
       locate(it, blk);
       const int n_visits = blk.n_tiles;
@@ -492,7 +491,7 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
     return;
   }
   tma::registers_grow<Traits::kConsumerRegisters>();
-  for (Walk it = Walk::start(); it.item < items; it.next()) {
+  for (Walk it = Walk::start(m_blocks, p.batch * p.heads); it.more(); it.next()) {
     FlashBlock blk;
     locate(it, blk);
     const int n_visits = blk.n_tiles;
@@ -567,7 +566,9 @@ inline int wgmma_ws_block_m(const AttentionParams& p) {
 // 64-key tiles, two per SM (81 KB of shared memory each; with 128-key tiles a 64-row block takes
 // 145 KB, one per SM). Over 128 x 128 blocks (H100, bf16 and fp16): causal 1.09x at 512 rows,
 // 1.05-1.06x at 768, 1.02-1.03x at 1024, 0.98x at 1536; non-causal 1.01x at 512 and 0.91-0.98x from
-// 768, so non-causal calls keep 128 x 128 (and no non-causal kernel of this shape is built).
+// 768, so non-causal calls keep 128 x 128 (and no non-causal kernel of this shape is built). Dense
+// 16-bit calls that fill a wave of 128-row blocks run the persistent grid instead, which leads it
+// (wgmma_ws_persistent); the rest (sequence layouts, small grids) run this shape.
 // WAVEBOOST_WGMMA_D128_ROWS=128 (read once per process) turns it off, to measure the rule.
 constexpr int kWgmmaWsD128ShortBlockN = 64;
 constexpr int64_t kWgmmaWsD128ShortMaxRows = 1280;
@@ -580,13 +581,6 @@ constexpr int64_t kWgmmaWsD128ShortMaxRows = 1280;
 // tiles, two per SM (1.03x at 512 rows, level from 1024).
 constexpr int kWgmmaWsD64ShortCausalBlockN = 64;
 constexpr int kWgmmaWsD64ShortCausalBlocksPerSM = 3;
-inline bool wgmma_ws_d128_short(const AttentionParams& p) {
-  static const bool off = [] {
-    const char* v = std::getenv("WAVEBOOST_WGMMA_D128_ROWS");
-    return v != nullptr && std::atoi(v) == kWgmmaBlockM;
-  }();
-  return !off && p.is_causal && p.head_dim == 128 && p.seqlen_q < kWgmmaWsD128ShortMaxRows;
-}
 
 /// \brief Warp-specialized flash attention forward; grid as the wgmma kernel's (query blocks,
 /// batch * heads folded over y and z), kBlockM / 64 consumer warpgroups and a producer per block.
@@ -601,8 +595,9 @@ __global__ void __launch_bounds__(
 }
 
 /// \brief The persistent form (flash_wgmma_ws::attend_items) of the kernel above, dense 16-bit
-/// batches (wgmma_ws_persistent): a 1-D grid of at most kBlocksPerSM blocks per SM.
-template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, int kBlockN, bool kCausal>
+/// batches (wgmma_ws_persistent): a 1-D grid of at most kBlocksPerSM blocks per SM walking its items in
+/// the order kOrder.
+template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, int kBlockN, bool kCausal, WalkOrder kOrder>
 __global__ void __launch_bounds__(
     FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>::kBlockThreads, kBlocksPerSM)
     flash_wgmma_ws_persistent_kernel(const __grid_constant__ AttentionParams p,
@@ -610,53 +605,90 @@ __global__ void __launch_bounds__(
                                      const __grid_constant__ CUtensorMap k_map,
                                      const __grid_constant__ CUtensorMap v_map) {
   flash_wgmma_ws::attend_items<FlashWgmmaWsRingTraits<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN>,
-                               CausalMask<kCausal>>(p, &q_map, &k_map, &v_map);
+                               CausalMask<kCausal>, kOrder>(p, &q_map, &k_map, &v_map);
 }
 
-/// \brief Whether a dense 16-bit call runs the persistent kernel: long causal calls of the 128 x 128
-/// blocks (head dim 128, below), non-causal calls of those blocks of at most kWgmmaWsPersistentMaxKeys
-/// keys and of head dim 64's 64-row blocks (two per SM, under 2048 query rows) of at most
-/// kWgmmaWsPersistentMaxKeysHeadDim64, where a block's start and end (Q load, first K/V tiles,
-/// output) weigh against its key tiles. H100, FA2 grid, over one block per query block (three alternating rounds, benchmarks/NOTES.md, "The persistent wgmma
-/// forward"): head dim 128 bf16 1.20x at 1024 keys, 1.10-1.15x at 1536-2048, 1.08-1.09x at
-/// 3072-4096, 1.01x at 8192 (timed by the bench suite, three rounds: 1.02x at 4096, 1.01-1.06x at
-/// 8192, level at 16k); head dim 64 bf16 / fp16
-/// 1.28 / 1.20x at 256 keys, 1.11x at 512, 1.10 / 1.05x at 1024, 1.09 / 1.03x at 1536. Causal calls
-/// of head dim 128 from kWgmmaWsPersistentMinRowsCausal query rows: the heaviest query blocks of every
-/// head first, dealt back and forth (core/schedule.cuh). H200, FA2 grid, paired in one process over one
-/// block per query block (benchmarks/NOTES.md, "The persistent causal forward"; three runs, bf16 /
-/// fp16): 1.03-1.05x at 8k, 1.03x at 16k, 1.01-1.03x at 32k; at 2k and 4k it moved between runs
-/// (bf16 0.93-1.05x at 2k, 0.96-1.07x at 4k), so shorter calls keep one block per query block (the
-/// non-causal order lost 0.67-0.92x; heads grouped to fit K/V in L2, 0.80-0.95x).
-/// WAVEBOOST_WGMMA_PERSISTENT=0 or 1 (read once per process) decides for every call of those shapes
-/// (causal: head dim 128 from 1280 query rows), to measure the rule.
+/// \brief Whether a dense 16-bit call runs the persistent kernel, and in which walk (core/schedule.cuh).
+/// Non-causal calls (walk kGrid) of head dim 128's 128 x 128 blocks up to kWgmmaWsPersistentMaxKeys keys and
+/// of head dim 64's 64-row blocks (two per SM, under 2048 query rows) up to
+/// kWgmmaWsPersistentMaxKeysHeadDim64, where a block's start and end (Q load, first K/V tiles, output) weigh
+/// against its key tiles. H100, FA2 grid, over one block per query block (three alternating rounds,
+/// benchmarks/NOTES.md, "The persistent wgmma forward"): head dim 128 bf16 1.20x at 1024 keys, 1.10-1.15x
+/// at 1536-2048, 1.08-1.09x at 3072-4096, 1.01x at 8192 (timed by the bench suite, three rounds: 1.02x at
+/// 4096, 1.01-1.06x at 8192, level at 16k); head dim 64 bf16 / fp16 1.28 / 1.20x at 256 keys, 1.11x at
+/// 512, 1.10 / 1.05x at 1024, 1.09 / 1.03x at 1536.
+/// Causal calls of head dim 128 in 128 x 128 blocks: from kWgmmaWsHeaviestFirstMinRows query rows the
+/// heaviest query blocks of every head first (H200, paired in one process over one block per query
+/// block, "The persistent causal forward": 1.03-1.05x at 8k, 1.03x at 16k, 1.01-1.03x at 32k); below it,
+/// where the grid fills a wave of blocks, the grid's order dealt back and forth (H200, bf16 / fp16, over
+/// main's one block per query block of 64 x 64 blocks under 1280 rows, 128 x 128 above, "Causal persistent
+/// walks": 1.17-1.18x at 512, 1.13-1.15x at 1k, 1.12-1.14x at 2k, 1.04-1.05x at 3k, 1.07x at 4k, 1.04-1.05x
+/// at 6k; 1.12-1.18x at 512-2k over the heaviest-first walk, which spreads the blocks in flight over every
+/// head's K/V). Causal calls of head dim 64's 64-row blocks (three per SM) under
+/// kWgmmaWsPersistentMaxRowsCausalHeadDim64 query rows whose pairs of query blocks fill a wave: the pairs
+/// walk (1.11-1.12x at 512, 1.05-1.06x at 1k, level at 2k, 0.97-0.98x at 4k).
+/// WAVEBOOST_WGMMA_PERSISTENT=0 or 1 (read once per process) decides for every call of those block shapes,
+/// to measure the rules.
 constexpr int64_t kWgmmaWsPersistentMaxKeys = 8192;
 constexpr int64_t kWgmmaWsPersistentMaxKeysHeadDim64 = 2048;
-constexpr int64_t kWgmmaWsPersistentMinRowsCausal = 8192;
+constexpr int64_t kWgmmaWsHeaviestFirstMinRows = 8192;
+constexpr int64_t kWgmmaWsPersistentMaxRowsCausalHeadDim64 = 2048;
+
+/// \brief The walk of a causal call's persistent grid.
+inline WalkOrder wgmma_ws_causal_walk(const AttentionParams& p) {
+  if (p.head_dim == 64) return WalkOrder::kPairs;
+  return p.seqlen_q >= kWgmmaWsHeaviestFirstMinRows ? WalkOrder::kHeaviestFirst : WalkOrder::kGridDealt;
+}
+
+/// \brief Whether a persistent grid of `blocks_per_sm` blocks per SM gives every block of a wave work
+/// (`units`: its items, or pairs); where it would not, one block per query block starts them all at once.
+inline bool wgmma_ws_fills_wave(const AttentionParams& p, int64_t units, int blocks_per_sm) {
+  int sms = 0;
+  if (!multiprocessor_count(p.device_id, &sms).ok()) return false;
+  return units >= int64_t{sms} * blocks_per_sm;
+}
+
 inline bool wgmma_ws_persistent(const AttentionParams& p) {
   static const int forced = [] {
     const char* v = std::getenv("WAVEBOOST_WGMMA_PERSISTENT");
     return v == nullptr ? -1 : (std::atoi(v) != 0 ? 1 : 0);
   }();
-  if (p.is_causal) {
-    if (p.head_dim != 128) return false;
-    return forced >= 0 ? forced == 1 : p.seqlen_q >= kWgmmaWsPersistentMinRowsCausal;
-  }
   if (p.head_dim != 128 && p.head_dim != 64) return false;
   if (forced >= 0) return forced == 1;
+  const int64_t heads = p.batch * p.heads;
+  if (p.is_causal) {
+    if (p.head_dim == 128) {
+      if (p.seqlen_q >= kWgmmaWsHeaviestFirstMinRows) return true;
+      return wgmma_ws_fills_wave(p, (p.seqlen_q + kWgmmaBlockM - 1) / kWgmmaBlockM * heads, 1);
+    }
+    if (p.seqlen_q >= kWgmmaWsPersistentMaxRowsCausalHeadDim64) return false;
+    const int64_t tiles = (p.seqlen_q + kWgmmaWsBlockMShort - 1) / kWgmmaWsBlockMShort;
+    return wgmma_ws_fills_wave(p, persistent_walk_units(WalkOrder::kPairs, tiles, heads),
+                               kWgmmaWsD64ShortCausalBlocksPerSM);
+  }
   return p.seqlen_k <= (p.head_dim == 128 ? kWgmmaWsPersistentMaxKeys : kWgmmaWsPersistentMaxKeysHeadDim64);
 }
 
 /// \brief Whether launch_flash_wgmma_ws gives a call one of the persistent kernel's block shapes (head
 /// dim 128's 128-row blocks, head dim 64's 64-row blocks) and wgmma_ws_persistent takes it: dense and
-/// 16-bit, fewer than 2^31 work items (the causal order counts them in 32 bits, with a grid of fewer
+/// 16-bit, fewer than 2^31 work items (the causal walks count them in 32 bits, with a grid of fewer
 /// than 2^31 blocks). The launch then runs the persistent kernel where TMA can describe Q
 /// (wgmma_tma_persistent).
 inline bool wgmma_ws_persistent_shape(const AttentionParams& p) {
   if (p.is_fp8() || !p.is_dense() || !wgmma_ws_persistent(p)) return false;
-  const int block_m = wgmma_ws_block_m(p);
-  if ((p.seqlen_q + block_m - 1) / block_m * p.batch * p.heads >= (int64_t{1} << 31)) return false;
-  return p.head_dim == 128 ? !wgmma_ws_d128_short(p) : block_m == kWgmmaWsBlockMShort;
+  if (p.head_dim == 64 && wgmma_ws_block_m(p) != kWgmmaWsBlockMShort) return false;
+  const int block_m = p.head_dim == 128 ? kWgmmaBlockM : kWgmmaWsBlockMShort;
+  return (p.seqlen_q + block_m - 1) / block_m * p.batch * p.heads < (int64_t{1} << 31);
+}
+
+/// \brief Whether a causal head dim 128 call runs blocks of 64 rows over 64-key tiles, two per SM (above).
+inline bool wgmma_ws_d128_short(const AttentionParams& p) {
+  static const bool off = [] {
+    const char* v = std::getenv("WAVEBOOST_WGMMA_D128_ROWS");
+    return v != nullptr && std::atoi(v) == kWgmmaBlockM;
+  }();
+  return !off && p.is_causal && p.head_dim == 128 && p.seqlen_q < kWgmmaWsD128ShortMaxRows &&
+         !wgmma_ws_persistent_shape(p);
 }
 
 /// \brief Whether the warp-specialized kernel takes a call's layout: keys, contiguous K/V (dense,
@@ -698,22 +730,40 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
                          : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false, false>;
   }
   if (kernel == nullptr) return Status::Internal("this wgmma block shape is not built for this call's mask");
-  // The persistent kernel: head dim 128's 128 x 128 blocks and head dim 64's non-causal 64-row blocks.
-  if constexpr (!Traits::kTransposes && kMasks != WsMasks::kCausal &&
+  // The persistent kernel: head dim 128's 128 x 128 blocks and head dim 64's 64-row blocks.
+  if constexpr (!Traits::kTransposes &&
                 ((kHeadDim == 128 && kBlockM == kWgmmaBlockM) || (kHeadDim == 64 && kBlockM == kWgmmaWsBlockMShort))) {
     if (wgmma_ws_persistent_shape(p)) {  // the shape condition above, and a dense 16-bit call
       CUtensorMap q_map{};
       if (tma::encode_rows_map(&q_map, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
                                p.q_head_stride, p.q_batch_stride, Traits::kBlockM)) {
-        auto persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false>;
-        if constexpr (kHeadDim == 128) {
-          if (p.is_causal) persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true>;
+        void (*persistent)(AttentionParams, CUtensorMap, CUtensorMap, CUtensorMap) = nullptr;
+        const WalkOrder order = p.is_causal ? wgmma_ws_causal_walk(p) : WalkOrder::kGrid;
+        if constexpr (kMasks != WsMasks::kCausal) {
+          if (!p.is_causal)
+            persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false,
+                                                          WalkOrder::kGrid>;
         }
+        if constexpr (kMasks != WsMasks::kNonCausal) {
+          if constexpr (kHeadDim == 64) {
+            if (p.is_causal)
+              persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true,
+                                                            WalkOrder::kPairs>;
+          } else {
+            if (p.is_causal && order == WalkOrder::kHeaviestFirst)
+              persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true,
+                                                            WalkOrder::kHeaviestFirst>;
+            if (p.is_causal && order == WalkOrder::kGridDealt)
+              persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true,
+                                                            WalkOrder::kGridDealt>;
+          }
+        }
+        if (persistent == nullptr) return Status::Internal("no persistent wgmma kernel of this shape for this call");
         int sms = 0;
         if (Status s = multiprocessor_count(p.device_id, &sms); !s.ok()) return s;
-        const int64_t items = g.x * p.batch * p.heads;
+        const int64_t units = persistent_walk_units(order, g.x, p.batch * p.heads);
         const int64_t slots = int64_t{sms} * kBlocksPerSM;
-        const auto blocks = static_cast<unsigned>(std::min(items, slots));  // at most one wave
+        const auto blocks = static_cast<unsigned>(std::min(units, slots));  // at most one wave
         WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(persistent, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    Traits::kPersistentSmemBytes));
         persistent<<<blocks, Traits::kBlockThreads, Traits::kPersistentSmemBytes, stream>>>(p, q_map, k_map, v_map);

@@ -47,39 +47,101 @@ __device__ __forceinline__ GridTile grid_tile(int64_t tile_index, int64_t tiles,
   return grid_tile_at(tile_index, head, static_cast<int64_t>(gridDim.y) * gridDim.z, tiles, heavy_first);
 }
 
-/// \brief A block's walk over the work items of a persistent grid (at most one block per slot) that
-/// replaces the one-block-per-item grid of `tiles` tiles of each of `heads` heads:
+/// \brief The orders in which the blocks of a persistent grid (at most one block per slot) take the work
+/// items of the one-block-per-item grid it replaces (`tiles` tiles of each of `heads` heads, launch
+/// positions as above: under a causal mask tile 0 is a head's heaviest). G is the grid's size.
 ///
-///   for (auto it = PersistentWalk<kHeavyFirst>::start(); it.item < items; it.next()) ... it.at(tiles, heads)
+///   kGrid           block x takes items x, x + G, x + 2 G, ... in that grid's order (a head's tiles one
+///                   after another, head after head), where neighbouring blocks read the same K/V tiles;
+///                   for items of equal work (non-causal).
+///   kGridDealt      that grid's order in rounds of G items, dealt to the blocks back and forth (round k
+///                   in block order on even k, in reverse on odd k). The blocks in flight read the K/V of
+///                   the few heads a round spans; causal heads of a few tiles (head dim 128 under 8192
+///                   query rows: 1.12-1.18x over the heaviest-first order at 512-2k, benchmarks/NOTES.md,
+///                   "Causal persistent walks"). With tiles close to G the rounds' sums drift apart
+///                   (0.67x at 16k).
+///   kHeaviestFirst  tile 0 of every head, then tile 1 of every head, ..., dealt back and forth: the
+///                   blocks' items sum to about the same work and the lightest finish last; causal heads
+///                   of many tiles (in the kGrid order the causal forward lost 0.67-0.92x there).
+///   kPairs          a head's tiles in pairs of equal summed work (tile j with tile tiles - 1 - j; of an
+///                   odd count the middle one alone), the pairs taken as kGrid takes items: every block the
+///                   same work up to the last round, without the grid's size dividing the tile count
+///                   (head dim 64's causal 64-row blocks, three per SM).
 ///
-/// at() is the item's launch position in that grid. kHeavyFirst == false: items blockIdx.x, blockIdx.x +
-/// gridDim.x, ... in that grid's order (a head's tiles one after another, head after head), where
-/// neighbouring blocks read the same K/V tiles.
-template <bool kHeavyFirst>
-struct PersistentWalk {
-  int64_t item;
-  __device__ __forceinline__ static PersistentWalk start() { return {static_cast<int64_t>(blockIdx.x)}; }
+/// Each walk: `for (auto it = PersistentWalk<kOrder>::start(tiles, heads); it.more(); it.next()) ...
+/// it.at()`, at() the item's launch position. The dealt and paired walks count in 32 bits: the launcher
+/// keeps the items plus the grid's size below 2^32.
+enum class WalkOrder { kGrid, kGridDealt, kHeaviestFirst, kPairs };
+
+/// \brief The blocks a persistent grid of `order` gives work to at most: its items, or pairs.
+__host__ __device__ constexpr int64_t persistent_walk_units(WalkOrder order, int64_t tiles, int64_t heads) {
+  return (order == WalkOrder::kPairs ? (tiles + 1) / 2 : tiles) * heads;
+}
+
+/// \brief Round k's item of this block in a walk dealt back and forth.
+__device__ __forceinline__ uint32_t dealt_item(uint32_t k) {
+  const uint32_t grid = gridDim.x;
+  return k * grid + ((k & 1u) ? grid - 1u - blockIdx.x : blockIdx.x);
+}
+
+template <WalkOrder kOrder>
+struct PersistentWalk;
+
+template <>
+struct PersistentWalk<WalkOrder::kGrid> {
+  int64_t item, items, tiles;
+  __device__ __forceinline__ static PersistentWalk start(int64_t tiles, int64_t heads) {
+    return {static_cast<int64_t>(blockIdx.x), tiles * heads, tiles};
+  }
+  __device__ __forceinline__ bool more() const { return item < items; }
   __device__ __forceinline__ void next() { item += gridDim.x; }
-  __device__ __forceinline__ GridTile at(int64_t tiles, int64_t) const { return {item % tiles, item / tiles}; }
+  __device__ __forceinline__ GridTile at() const { return {item % tiles, item / tiles}; }
 };
 
-/// kHeavyFirst: tile 0 of every head, then tile 1 of every head, ... (the heaviest first), dealt to the
-/// blocks back and forth (round k in block order on even k, in reverse on odd k), so that the blocks'
-/// items sum to about the same work and the lightest finish last (in the order above the causal
-/// forward lost 0.67-0.92x, benchmarks/NOTES.md). In 32 bits: the launcher keeps the items plus
-/// gridDim.x below 2^32.
 template <>
-struct PersistentWalk<true> {
-  uint32_t round;
-  uint32_t item;
-  __device__ __forceinline__ static uint32_t dealt(uint32_t k) {
-    const uint32_t grid = gridDim.x;
-    return k * grid + ((k & 1u) ? grid - 1u - blockIdx.x : blockIdx.x);
+struct PersistentWalk<WalkOrder::kGridDealt> {
+  uint32_t round, item, items, tiles;
+  __device__ __forceinline__ static PersistentWalk start(int64_t tiles, int64_t heads) {
+    return {0u, dealt_item(0u), static_cast<uint32_t>(tiles * heads), static_cast<uint32_t>(tiles)};
   }
-  __device__ __forceinline__ static PersistentWalk start() { return {0u, dealt(0u)}; }
-  __device__ __forceinline__ void next() { item = dealt(++round); }
-  __device__ __forceinline__ GridTile at(int64_t, int64_t heads) const {
-    return {item / static_cast<uint32_t>(heads), item % static_cast<uint32_t>(heads)};
+  __device__ __forceinline__ bool more() const { return item < items; }
+  __device__ __forceinline__ void next() { item = dealt_item(++round); }
+  __device__ __forceinline__ GridTile at() const { return {item % tiles, item / tiles}; }
+};
+
+template <>
+struct PersistentWalk<WalkOrder::kHeaviestFirst> {
+  uint32_t round, item, items, heads;
+  __device__ __forceinline__ static PersistentWalk start(int64_t tiles, int64_t heads) {
+    return {0u, dealt_item(0u), static_cast<uint32_t>(tiles * heads), static_cast<uint32_t>(heads)};
+  }
+  __device__ __forceinline__ bool more() const { return item < items; }
+  __device__ __forceinline__ void next() { item = dealt_item(++round); }
+  __device__ __forceinline__ GridTile at() const { return {item / heads, item % heads}; }
+};
+
+template <>
+struct PersistentWalk<WalkOrder::kPairs> {
+  uint32_t unit, units, tiles;
+  bool second;  // the pair's lighter tile
+  __device__ __forceinline__ static PersistentWalk start(int64_t tiles, int64_t heads) {
+    return {blockIdx.x, static_cast<uint32_t>(persistent_walk_units(WalkOrder::kPairs, tiles, heads)),
+            static_cast<uint32_t>(tiles), false};
+  }
+  __device__ __forceinline__ uint32_t pairs() const { return (tiles + 1u) / 2u; }
+  __device__ __forceinline__ bool more() const { return unit < units; }
+  __device__ __forceinline__ void next() {
+    const uint32_t j = unit % pairs();
+    if (!second && tiles - 1u - j != j) {
+      second = true;
+    } else {
+      second = false;
+      unit += gridDim.x;
+    }
+  }
+  __device__ __forceinline__ GridTile at() const {
+    const uint32_t j = unit % pairs();
+    return {second ? tiles - 1u - j : j, unit / pairs()};
   }
 };
 
