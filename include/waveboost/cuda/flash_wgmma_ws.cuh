@@ -718,16 +718,18 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
   if constexpr (Traits::kTransposes) {
     if (sequences) return Status::NotSupported("the e4m3 wgmma kernel runs dense batches");
   }
+  // One block per query block: the kernel for the call's mask (e4m3 has no sequence-layout kernel).
+  const auto block_kernel = [sequences](auto causal) {
+    constexpr bool kCausal = decltype(causal)::value;
+    return sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, kCausal, !Traits::kTransposes>
+                     : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, kCausal, false>;
+  };
   void (*kernel)(AttentionParams, CUtensorMap, CUtensorMap) = nullptr;
   if constexpr (kMasks != WsMasks::kNonCausal) {
-    if (p.is_causal)
-      kernel = sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true, !Traits::kTransposes>
-                         : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true, false>;
+    if (p.is_causal) kernel = block_kernel(std::true_type{});
   }
   if constexpr (kMasks != WsMasks::kCausal) {
-    if (!p.is_causal)
-      kernel = sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false, !Traits::kTransposes>
-                         : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false, false>;
+    if (!p.is_causal) kernel = block_kernel(std::false_type{});
   }
   if (kernel == nullptr) return Status::Internal("this wgmma block shape is not built for this call's mask");
   // The persistent kernel: head dim 128's 128 x 128 blocks and head dim 64's 64-row blocks.
@@ -791,15 +793,12 @@ Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
   if constexpr (kHeadDim == 64) {
     if (wgmma_ws_block_m(p) == kWgmmaWsBlockMHeadDim64)
       return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMHeadDim64>(p, stream);
-    if constexpr (sizeof(Element) == 2) {
-      if (p.is_causal)
-        return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsD64ShortCausalBlocksPerSM,
-                                          kWgmmaWsD64ShortCausalBlockN, WsMasks::kCausal>(p, stream);
-      return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM,
-                                        kWgmmaBlockN, WsMasks::kNonCausal>(p, stream);
-    } else {
-      return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM>(p, stream);
-    }
+    static_assert(sizeof(Element) == 2, "head dim 64 runs 16-bit inputs (no e4m3 kernel)");
+    if (p.is_causal)
+      return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsD64ShortCausalBlocksPerSM,
+                                        kWgmmaWsD64ShortCausalBlockN, WsMasks::kCausal>(p, stream);
+    return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM, kWgmmaBlockN,
+                                      WsMasks::kNonCausal>(p, stream);
   } else {
     if constexpr (sizeof(Element) == 2) {
       if (wgmma_ws_d128_short(p))

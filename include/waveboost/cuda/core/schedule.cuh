@@ -84,8 +84,23 @@ __device__ __forceinline__ uint32_t dealt_item(uint32_t k) {
   return k * grid + ((k & 1u) ? grid - 1u - blockIdx.x : blockIdx.x);
 }
 
+/// The two walks dealt back and forth: position `item` of the walk's order is the grid's item (kGridDealt, per =
+/// tiles) or tile item / heads of head item % heads (kHeaviestFirst, per = heads).
 template <WalkOrder kOrder>
-struct PersistentWalk;
+struct PersistentWalk {
+  static_assert(kOrder == WalkOrder::kGridDealt || kOrder == WalkOrder::kHeaviestFirst, "a dealt walk");
+  static constexpr bool kGridOrder = kOrder == WalkOrder::kGridDealt;
+  uint32_t round, item, items, per;
+  __device__ __forceinline__ static PersistentWalk start(int64_t tiles, int64_t heads) {
+    const int64_t per = kGridOrder ? tiles : heads;
+    return {0u, dealt_item(0u), static_cast<uint32_t>(tiles * heads), static_cast<uint32_t>(per)};
+  }
+  __device__ __forceinline__ bool more() const { return item < items; }
+  __device__ __forceinline__ void next() { item = dealt_item(++round); }
+  __device__ __forceinline__ GridTile at() const {
+    return kGridOrder ? GridTile{item % per, item / per} : GridTile{item / per, item % per};
+  }
+};
 
 template <>
 struct PersistentWalk<WalkOrder::kGrid> {
@@ -96,28 +111,6 @@ struct PersistentWalk<WalkOrder::kGrid> {
   __device__ __forceinline__ bool more() const { return item < items; }
   __device__ __forceinline__ void next() { item += gridDim.x; }
   __device__ __forceinline__ GridTile at() const { return {item % tiles, item / tiles}; }
-};
-
-template <>
-struct PersistentWalk<WalkOrder::kGridDealt> {
-  uint32_t round, item, items, tiles;
-  __device__ __forceinline__ static PersistentWalk start(int64_t tiles, int64_t heads) {
-    return {0u, dealt_item(0u), static_cast<uint32_t>(tiles * heads), static_cast<uint32_t>(tiles)};
-  }
-  __device__ __forceinline__ bool more() const { return item < items; }
-  __device__ __forceinline__ void next() { item = dealt_item(++round); }
-  __device__ __forceinline__ GridTile at() const { return {item % tiles, item / tiles}; }
-};
-
-template <>
-struct PersistentWalk<WalkOrder::kHeaviestFirst> {
-  uint32_t round, item, items, heads;
-  __device__ __forceinline__ static PersistentWalk start(int64_t tiles, int64_t heads) {
-    return {0u, dealt_item(0u), static_cast<uint32_t>(tiles * heads), static_cast<uint32_t>(heads)};
-  }
-  __device__ __forceinline__ bool more() const { return item < items; }
-  __device__ __forceinline__ void next() { item = dealt_item(++round); }
-  __device__ __forceinline__ GridTile at() const { return {item / heads, item % heads}; }
 };
 
 template <>
