@@ -123,13 +123,15 @@ def _check_block_heights(d, cases, varlen, seed):
 
 def test_tma_pipeline_head_dim_64_blocks_of_192_rows():
     """At head dim 64 the TMA kernel runs blocks of 192 query rows (three consumer warpgroups) from
-    2048 query rows on (causal: 4097), blocks of 64 rows below (16-bit causal calls over 64-key tiles,
-    three blocks per SM): both sides of the thresholds,
+    2048 query rows on (causal: 4097), blocks of 64 rows below (16-bit causal calls, and non-causal ones
+    under 1024 rows, over 64-key tiles, three blocks per SM): both sides of the thresholds,
     query lengths that leave a partial last block, causal with more and with fewer queries than keys
     (rows that see no key: zeros, LSE -inf), GQA, a negative scale, and varlen batches whose longest
     sequence crosses the threshold."""
     cases = [  # batch, heads, heads_kv, seqlen_q, seqlen_k, causal, scale
         (1, 4, 2, 2047, 600, False, None),  # 64-row blocks
+        (4, 8, 2, 1023, 2300, False, 0.4),  # 64-row blocks over 64-key tiles, one block per query block
+        (4, 8, 2, 1024, 2300, False, None),  # 64-row blocks over 128-key tiles, one block per query block
         (3, 4, 2, 700, 1500, True, -0.4),  # 64-row blocks, causal
         (1, 8, 2, 2048, 2048, True, None),  # 64-row blocks (causal up to 4096)
         (2, 3, 1, 2700, 2400, True, None),  # 64-row blocks, 300 rows see no key

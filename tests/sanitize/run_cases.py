@@ -65,17 +65,21 @@ def cases():
     # consumer warpgroups), a partial last block, causal rows that see no key.
     out += [("wgmma", "fp16", (1, 2600, 2400, 6, 2), 64, False, "contiguous"),
             ("wgmma", "fp16", (1, 4300, 4100, 2, 1), 64, True, "contiguous")]
-    # Head dim 64 under 2048 query rows: blocks of 64 rows, two per SM (causal: three, over 64-key tiles); a
-    # tail block and a ring that wraps (the causal grid too small for the persistent pairs walk).
-    out += [("wgmma", "bf16", (4, 200, 601, 16, 4), 64, False, "contiguous"),  # 128 blocks of 128 rows: no split-KV
+    # Head dim 64 under 2048 query rows: blocks of 64 rows, two per SM (causal, and non-causal under 1024
+    # rows: three, over 64-key tiles); a tail block and a ring that wraps (the causal grid too small for the
+    # persistent pairs walk; the non-causal ones past the persistent grid's 2048 keys).
+    out += [("wgmma", "bf16", (4, 200, 2601, 16, 4), 64, False, "contiguous"),  # 128 blocks of 128 rows: no split-KV
+            ("wgmma", "fp16", (2, 1100, 2300, 16, 4), 64, False, "contiguous"),
             ("wgmma", "fp16", (1, 1000, 900, 4, 2), 64, True, "contiguous")]
     # Head dim 128, causal, under 1280 query rows and fewer 128-row query blocks than SMs: blocks of 64 rows
     # and tiles of 64 keys, two per SM; a tail block and a ring that wraps.
     out += [("wgmma", "bf16", (4, 200, 601, 16, 4), 128, True, "contiguous")]
     # The persistent form (non-causal: head dim 128 up to 8192 keys, head dim 64's 64-row blocks up to
-    # 2048): 512 and 1024 query blocks, several per block of one wave, tails.
+    # 2048): 512 and 1024 query blocks, several per block of one wave, tails (head dim 64: three blocks per SM
+    # under 1024 rows, two from there).
     out += [("wgmma", "bf16", (4, 1000, 700, 16, 4), 128, False, "contiguous"),
-            ("wgmma", "fp16", (4, 1000, 300, 16, 4), 64, False, "contiguous")]
+            ("wgmma", "fp16", (4, 1000, 300, 16, 4), 64, False, "contiguous"),
+            ("wgmma", "bf16", (2, 1500, 900, 8, 2), 64, False, "contiguous")]
     # Head dim 128, causal, from 8192 query rows: the persistent 128 x 128 blocks (heaviest first, several
     # items per block, rows that see no key); below it the grid's order dealt back and forth (512 query
     # blocks, rows 0-299 see no key); head dim 64's causal 64-row blocks in pairs of equal work (8 pairs

@@ -525,8 +525,8 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
 // softmax's dependency chains, not a pipe, bound two warps per scheduler (benchmarks/NOTES.md:
 // 1.06-1.27x over 128 at 2k-16k). A query block of 192 rows wastes up to 191 rows of a sequence's
 // last block, which shorter calls feel (0.85x at 1k causal); they take blocks of 64 rows (one
-// consumer warpgroup), two per SM (16-bit causal calls: three, over 64-key tiles, see
-// kWgmmaWsD64ShortCausalBlocksPerSM), so that one block's start (Q copy, first loads, first softmax)
+// consumer warpgroup), two per SM (16-bit causal calls and non-causal ones under 1024 rows: three, over
+// 64-key tiles, see kWgmmaWsD64SmallTileBlocksPerSM), so that one block's start (Q copy, first loads, first softmax)
 // and end run beside the other's main loop: 1.08-1.16x over blocks of 128 at 256-1024 rows on an
 // H100 and an H200; from 2048 rows 192 stays ahead (H200: 64 at 0.95x non-causal at 2k, 0.84-0.99x
 // from 4k), each K/V tile feeding 64 rows instead of 192. Causal calls keep 64 up to 4096 rows: with
@@ -577,10 +577,13 @@ constexpr int64_t kWgmmaWsD128ShortMaxRows = 1280;
 // of 64 keys, three blocks per SM (~42 KB each; S, O and P in the 136 registers a consumer gets of a
 // third of the register file), where two blocks of 128-key tiles (75 KB) left the SM waiting on each
 // block's start and end (benchmarks/NOTES.md, "Head dim 64's short blocks at three blocks per SM":
-// H200, bf16 and fp16, 1.20x at 512 rows, 1.13x at 1024, 1.07x at 2048). Non-causal calls keep 128-key
-// tiles, two per SM (1.03x at 512 rows, level from 1024).
-constexpr int kWgmmaWsD64ShortCausalBlockN = 64;
-constexpr int kWgmmaWsD64ShortCausalBlocksPerSM = 3;
+// H200, bf16 and fp16, 1.20x at 512 rows, 1.13x at 1024, 1.07x at 2048). Non-causal calls take them under
+// kWgmmaWsD64SmallTileMaxRowsNonCausal rows (on the persistent grid 1.04x at 512 rows, 1.00x at 1024-1536,
+// "Short non-causal shapes and ring depths"; one block per query block 1.03x at 512), from there 128-key
+// tiles, two per SM.
+constexpr int kWgmmaWsD64SmallTileBlockN = 64;
+constexpr int kWgmmaWsD64SmallTileBlocksPerSM = 3;
+constexpr int64_t kWgmmaWsD64SmallTileMaxRowsNonCausal = 1024;
 
 /// \brief Warp-specialized flash attention forward; grid as the wgmma kernel's (query blocks,
 /// batch * heads folded over y and z), kBlockM / 64 consumer warpgroups and a producer per block.
@@ -610,7 +613,7 @@ __global__ void __launch_bounds__(
 
 /// \brief Whether a dense 16-bit call runs the persistent kernel, and in which walk (core/schedule.cuh).
 /// Non-causal calls (walk kGrid) of head dim 128's 128 x 128 blocks up to kWgmmaWsPersistentMaxKeys keys and
-/// of head dim 64's 64-row blocks (two per SM, under 2048 query rows) up to
+/// of head dim 64's 64-row blocks (under 2048 query rows; three per SM over 64-key tiles under 1024) up to
 /// kWgmmaWsPersistentMaxKeysHeadDim64, where a block's start and end (Q load, first K/V tiles, output) weigh
 /// against its key tiles. H100, FA2 grid, over one block per query block (three alternating rounds,
 /// benchmarks/NOTES.md, "The persistent wgmma forward"): head dim 128 bf16 1.20x at 1024 keys, 1.10-1.15x
@@ -664,7 +667,7 @@ inline bool wgmma_ws_persistent(const AttentionParams& p) {
     if (p.seqlen_q >= kWgmmaWsPersistentMaxRowsCausalHeadDim64) return false;
     const int64_t tiles = (p.seqlen_q + kWgmmaWsBlockMShort - 1) / kWgmmaWsBlockMShort;
     return wgmma_ws_fills_wave(p, persistent_walk_units(WalkOrder::kPairs, tiles, heads),
-                               kWgmmaWsD64ShortCausalBlocksPerSM);
+                               kWgmmaWsD64SmallTileBlocksPerSM);
   }
   return p.seqlen_k <= (p.head_dim == 128 ? kWgmmaWsPersistentMaxKeys : kWgmmaWsPersistentMaxKeysHeadDim64);
 }
@@ -794,9 +797,9 @@ Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
     if (wgmma_ws_block_m(p) == kWgmmaWsBlockMHeadDim64)
       return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMHeadDim64>(p, stream);
     static_assert(sizeof(Element) == 2, "head dim 64 runs 16-bit inputs (no e4m3 kernel)");
-    if (p.is_causal)
-      return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsD64ShortCausalBlocksPerSM,
-                                        kWgmmaWsD64ShortCausalBlockN, WsMasks::kCausal>(p, stream);
+    if (p.is_causal || p.seqlen_q < kWgmmaWsD64SmallTileMaxRowsNonCausal)
+      return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsD64SmallTileBlocksPerSM,
+                                        kWgmmaWsD64SmallTileBlockN>(p, stream);
     return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM, kWgmmaBlockN,
                                       WsMasks::kNonCausal>(p, stream);
   } else {
