@@ -626,7 +626,7 @@ __global__ void __launch_bounds__(
 /// where the grid fills a wave of blocks, the grid's order dealt back and forth (H200, bf16 / fp16, over
 /// main's one block per query block of 64 x 64 blocks under 1280 rows, 128 x 128 above, "Causal persistent
 /// walks": 1.17-1.18x at 512, 1.13-1.15x at 1k, 1.12-1.14x at 2k, 1.04-1.05x at 3k, 1.07x at 4k, 1.04-1.05x
-/// at 6k; 1.12-1.18x at 512-2k over the heaviest-first walk, which spreads the blocks in flight over every
+/// at 6k; 1.09-1.20x at 512-2k over the heaviest-first walk, which spreads the blocks in flight over every
 /// head's K/V). Causal calls of head dim 64's 64-row blocks (three per SM) under
 /// kWgmmaWsPersistentMaxRowsCausalHeadDim64 query rows whose pairs of query blocks fill a wave: the pairs
 /// walk (1.11-1.12x at 512, 1.05-1.06x at 1k, level at 2k, 0.97-0.98x at 4k).

@@ -57,7 +57,7 @@ __device__ __forceinline__ GridTile grid_tile(int64_t tile_index, int64_t tiles,
 ///   kGridDealt      that grid's order in rounds of G items, dealt to the blocks back and forth (round k
 ///                   in block order on even k, in reverse on odd k). The blocks in flight read the K/V of
 ///                   the few heads a round spans; causal heads of a few tiles (head dim 128 under 8192
-///                   query rows: 1.12-1.18x over the heaviest-first order at 512-2k, benchmarks/NOTES.md,
+///                   query rows: 1.09-1.20x over the heaviest-first order at 512-2k, benchmarks/NOTES.md,
 ///                   "Causal persistent walks"). With tiles close to G the rounds' sums drift apart
 ///                   (0.67x at 16k).
 ///   kHeaviestFirst  tile 0 of every head, then tile 1 of every head, ..., dealt back and forth: the
