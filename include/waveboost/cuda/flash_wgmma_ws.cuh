@@ -742,25 +742,28 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
       CUtensorMap q_map{};
       if (tma::encode_rows_map(&q_map, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
                                p.q_head_stride, p.q_batch_stride, Traits::kBlockM)) {
-        void (*persistent)(AttentionParams, CUtensorMap, CUtensorMap, CUtensorMap) = nullptr;
+        // The walk wgmma_ws_causal_walk picks; each shape builds only the walks its calls can take.
         const WalkOrder order = p.is_causal ? wgmma_ws_causal_walk(p) : WalkOrder::kGrid;
+        const auto persistent_kernel = [](auto causal, auto walk) {
+          return flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN,
+                                                  decltype(causal)::value, decltype(walk)::value>;
+        };
+        using Grid = std::integral_constant<WalkOrder, WalkOrder::kGrid>;
+        using Pairs = std::integral_constant<WalkOrder, WalkOrder::kPairs>;
+        using GridDealt = std::integral_constant<WalkOrder, WalkOrder::kGridDealt>;
+        using HeaviestFirst = std::integral_constant<WalkOrder, WalkOrder::kHeaviestFirst>;
+        void (*persistent)(AttentionParams, CUtensorMap, CUtensorMap, CUtensorMap) = nullptr;
         if constexpr (kMasks != WsMasks::kCausal) {
-          if (!p.is_causal)
-            persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, false,
-                                                          WalkOrder::kGrid>;
+          if (!p.is_causal) persistent = persistent_kernel(std::false_type{}, Grid{});
         }
         if constexpr (kMasks != WsMasks::kNonCausal) {
           if constexpr (kHeadDim == 64) {
-            if (p.is_causal)
-              persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true,
-                                                            WalkOrder::kPairs>;
+            if (p.is_causal && order == WalkOrder::kPairs) persistent = persistent_kernel(std::true_type{}, Pairs{});
           } else {
-            if (p.is_causal && order == WalkOrder::kHeaviestFirst)
-              persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true,
-                                                            WalkOrder::kHeaviestFirst>;
             if (p.is_causal && order == WalkOrder::kGridDealt)
-              persistent = flash_wgmma_ws_persistent_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, true,
-                                                            WalkOrder::kGridDealt>;
+              persistent = persistent_kernel(std::true_type{}, GridDealt{});
+            if (p.is_causal && order == WalkOrder::kHeaviestFirst)
+              persistent = persistent_kernel(std::true_type{}, HeaviestFirst{});
           }
         }
         if (persistent == nullptr) return Status::Internal("no persistent wgmma kernel of this shape for this call");
