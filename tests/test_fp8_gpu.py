@@ -66,6 +66,7 @@ SHAPES = [  # batch, seqlen_q, seqlen_k, heads, heads_kv
     (2, 128, 128, 2, 2),
     (1, 1000, 333, 6, 3),
     (2, 33, 0, 4, 2),  # no keys: zeros and LSE -inf
+    (4, 1000, 700, 16, 4),  # 512 query blocks: several per block of a persistent grid; causal rows 0-299 see no key
 ]
 
 

@@ -92,7 +92,9 @@ def cases():
     # BHSD view, no keys at all, and enough key tiles that the rings wrap.
     out += [("wgmma", "e4m3", SHAPE_A, 128, True, "contiguous"), ("wgmma", "e4m3", SHAPE_B, 128, True, "bhsd"),
             ("wgmma", "e4m3", (4, 256, 601, 16, 4), 128, False, "contiguous"),
-            ("wgmma", "e4m3", (2, 33, 0, 4, 2), 128, False, "contiguous")]
+            ("wgmma", "e4m3", (2, 33, 0, 4, 2), 128, False, "contiguous"),
+            ("wgmma", "e4m3", (4, 1000, 700, 16, 4), 128, True, "contiguous"),  # several items per persistent block
+            ("wgmma", "e4m3", (4, 1000, 700, 16, 4), 128, False, "contiguous")]
     # wgmma's split-KV (small grids, long keys): pieces with tails and empty causal rows, and the merge.
     out += [("wgmma", "fp16", (1, 200, 700, 2, 1), 128, True, "contiguous"),
             ("wgmma", "bf16", (2, 37, 653, 4, 2), 64, False, "bhsd")]

@@ -74,6 +74,13 @@ struct FlashWgmmaWsTraits : FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_, kBlo
   static constexpr int kPooledRegisters = kLaunchRegisters * kBlockThreads - kProducerRegisters * 128;
   static constexpr int kConsumerRegisters =
       kPooledRegisters / kConsumerThreads / 8 * 8 > 240 ? 240 : kPooledRegisters / kConsumerThreads / 8 * 8;
+  // The persistent kernel's transposer warps also walk the items: 80 registers keep that loop from spilling
+  // (64: 36-76 bytes), the consumers then get 208.
+  static constexpr int kPersistentProducerRegisters = kTransposes ? 80 : kProducerRegisters;
+  static constexpr int kPersistentConsumerRegisters =
+      (kLaunchRegisters * kBlockThreads - kPersistentProducerRegisters * 128) / kConsumerThreads / 8 * 8 > 240
+          ? 240
+          : (kLaunchRegisters * kBlockThreads - kPersistentProducerRegisters * 128) / kConsumerThreads / 8 * 8;
   static_assert(kConsumerRegisters * kConsumerThreads + kProducerRegisters * 128 <= kLaunchRegisters * kBlockThreads,
                 "register file");
   // Q, kStages K tiles, kStages V tiles (and with kTransposes kStages V^T tiles), 4 kStages
@@ -85,8 +92,10 @@ struct FlashWgmmaWsTraits : FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_, kBlo
   // The e4m3 epilogue stages O (16-bit, twice the bytes of a V tile row) in the V ring.
   static_assert(!kTransposes || kStages * Base::kKVTileBytes >= 2 * Base::kBlockM * kHeadDim_, "O staging");
   static constexpr int kPanels = kHeadDim_ / Base::kPanelCols;
-  // The persistent kernel (16-bit): a second Q tile and its two barriers, and the first one's.
-  static constexpr int kPersistentSmemBytes = kSmemBytes + Base::kQTileBytes + 4 * 8;
+  // The persistent kernel: a second Q tile and its two barriers, and the first one's; with kTransposes
+  // also a tile to stage O in (16-bit), since the V ring runs on into the next item's tiles.
+  static constexpr int kOStageBytes = kTransposes ? 2 * Base::kBlockM * kHeadDim_ : 0;
+  static constexpr int kPersistentSmemBytes = kSmemBytes + Base::kQTileBytes + 4 * 8 + kOStageBytes;
 };
 
 namespace flash_wgmma_ws {
@@ -94,7 +103,7 @@ namespace flash_wgmma_ws {
 // Shared addresses of the ring: tiles and barriers.
 template <typename Traits>
 struct Ring {
-  uint32_t q_tile, k_tile, v_tile, vt_tile, barriers;
+  uint32_t q_tile, k_tile, v_tile, vt_tile, o_stage, barriers;
   __device__ __forceinline__ uint32_t full_k(int s) const { return barriers + 8 * s; }
   __device__ __forceinline__ uint32_t full_v(int s) const { return barriers + 8 * (Traits::kStages + s); }
   __device__ __forceinline__ uint32_t empty_k(int s) const { return barriers + 8 * (2 * Traits::kStages + s); }
@@ -170,7 +179,9 @@ __device__ __forceinline__ Ring<Traits> make_ring(unsigned char* smem_raw, unsig
   ring.k_tile = ring.q_tile + kQTiles * Traits::kQTileBytes;
   ring.v_tile = ring.k_tile + kStages * Traits::kKVTileBytes;
   ring.vt_tile = ring.v_tile + kStages * Traits::kKVTileBytes;
-  ring.barriers = ring.v_tile + (Traits::kRings - 1) * kStages * Traits::kKVTileBytes;
+  // The persistent e4m3 kernel's tile to stage O in (the one-block form stages O in the V ring).
+  ring.o_stage = ring.v_tile + (Traits::kRings - 1) * kStages * Traits::kKVTileBytes;
+  ring.barriers = ring.o_stage + (kQTiles == 2 ? Traits::kOStageBytes : 0);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -365,7 +376,8 @@ __device__ __forceinline__ void consume_block(const AttentionParams& p, FlashBlo
     // products waited for the last V^T), and no copy into the ring is pending.
 #pragma unroll
     for (int r = 0; r < Softmax::kRows; ++r) inv_sum[r] *= v_descale;
-    unsigned char* const staging = q_smem + (ring.v_tile - q_tile);
+    // (The persistent kernel's ring runs on into the next item's V tiles: it stages in a tile of its own.)
+    unsigned char* const staging = q_smem + ((kReleaseLastValues ? ring.o_stage : ring.v_tile) - q_tile);
     if (p.out_dtype == DType::kFloat16) {
       flash_wgmma::write_block_output<Traits, __half>(p, blk, o, inv_sum, softmax, staging, warp_row, warp_m0, lane);
     } else {
@@ -433,18 +445,19 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
   });
 }
 
-// The persistent kernel (dense 16-bit batches): a grid of at most one wave of blocks, each taking its work items
-// in the walk kOrder (core/schedule.cuh, PersistentWalk: non-causal in the one-block-per-item grid's order; causal
+// The persistent kernel (dense batches, wgmma_ws_persistent_shape): a grid of at most one wave of blocks, each
+// taking its work items in the walk kOrder (core/schedule.cuh, PersistentWalk: non-causal in the one-block-per-item grid's order; causal
 // that order dealt back and forth, the heaviest query blocks of every head first, or a head's query blocks in
 // pairs of equal work, as wgmma_ws_causal_walk picks). The producer loads each item's Q tile by TMA into one of two
 // Q tiles, then its K and V tiles into the ring, whose visits run on from item to item; so the next item's Q and
 // first K/V tiles land while the consumers finish the current one (its last P V product and its output), and no
 // block starts or ends between items. A Q tile is free again once every consumer warp has staged and stored its
-// output rows through it. wgmma_ws_persistent says which calls run it.
+// output rows through it. With e4m3 the transposer warps walk the same items, their V^T visits running on too,
+// and O is staged in a tile of its own (the V ring already holds the next item's tiles). wgmma_ws_persistent_shape
+// says which calls run it.
 template <typename Traits, typename Mask, WalkOrder kOrder>
 __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUtensorMap* q_map,
                                              const CUtensorMap* k_map, const CUtensorMap* v_map) {
-  static_assert(!Traits::kTransposes, "the e4m3 kernel is not persistent");
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -462,7 +475,30 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
   uint32_t visit0 = 0;
   uint32_t q_uses = 0;
   if (threadIdx.x / 128 == Traits::kWarpgroups) {  // the producer
-    tma::registers_shrink<Traits::kProducerRegisters>();
+    tma::registers_shrink<Traits::kPersistentProducerRegisters>();
+    if constexpr (Traits::kTransposes) {
+      // Producer warps 1-3: each item's V tiles into V^T (as attend_block), the ring's visits running on.
+      const int producer_warp = (threadIdx.x - Traits::kConsumerThreads) / 32;
+      if (producer_warp >= 1) {
+        uint32_t visit = 0;
+        for (Walk it = Walk::start(m_blocks, p.batch * p.heads); it.more(); it.next()) {
+          FlashBlock blk;
+          locate(it, blk);
+          for (int i = 0; i < blk.n_tiles; ++i, ++visit) {
+            const int stage = static_cast<int>(visit % Traits::kStages);
+            const uint32_t phase = (visit / Traits::kStages) & 1;
+            tma::wait(ring.full_v(stage), phase);
+            tma::wait(ring.empty_vt(stage), phase ^ 1);
+            transpose_values<Traits>(ring.v_tile + stage * Traits::kKVTileBytes,
+                                     ring.vt_tile + stage * Traits::kKVTileBytes, producer_warp - 1, threadIdx.x % 32);
+            wgmma::fence_proxy_async();
+            tma::arrive(ring.full_vt(stage));
+            tma::arrive(ring.empty_v(stage));
+          }
+        }
+        return;
+      }
+    }
     if (threadIdx.x != Traits::kConsumerThreads) return;
     tma::prefetch_map(q_map);
     tma::prefetch_map(k_map);
@@ -490,7 +526,7 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
     }
     return;
   }
-  tma::registers_grow<Traits::kConsumerRegisters>();
+  tma::registers_grow<Traits::kPersistentConsumerRegisters>();
   for (Walk it = Walk::start(m_blocks, p.batch * p.heads); it.more(); it.next()) {
     FlashBlock blk;
     locate(it, blk);
@@ -597,8 +633,8 @@ __global__ void __launch_bounds__(
                                CausalMask<kCausal>, kSequences>(p, &k_map, &v_map);
 }
 
-/// \brief The persistent form (flash_wgmma_ws::attend_items) of the kernel above, dense 16-bit
-/// batches (wgmma_ws_persistent): a 1-D grid of at most kBlocksPerSM blocks per SM walking its items in
+/// \brief The persistent form (flash_wgmma_ws::attend_items) of the kernel above, dense batches
+/// (wgmma_ws_persistent_shape): a 1-D grid of at most kBlocksPerSM blocks per SM walking its items in
 /// the order kOrder.
 template <typename Element, int kHeadDim, int kBlockM, int kBlocksPerSM, int kBlockN, bool kCausal, WalkOrder kOrder>
 __global__ void __launch_bounds__(
@@ -611,7 +647,7 @@ __global__ void __launch_bounds__(
                                CausalMask<kCausal>, kOrder>(p, &q_map, &k_map, &v_map);
 }
 
-/// \brief Whether a dense 16-bit call runs the persistent kernel, and in which walk (core/schedule.cuh).
+/// \brief Whether a dense call runs the persistent kernel, and in which walk (core/schedule.cuh).
 /// Non-causal calls (walk kGrid) of head dim 128's 128 x 128 blocks up to kWgmmaWsPersistentMaxKeys keys and
 /// of head dim 64's 64-row blocks (under 2048 query rows; three per SM over 64-key tiles under 1024) up to
 /// kWgmmaWsPersistentMaxKeysHeadDim64, where a block's start and end (Q load, first K/V tiles, output) weigh
@@ -673,12 +709,16 @@ inline bool wgmma_ws_persistent(const AttentionParams& p) {
 }
 
 /// \brief Whether launch_flash_wgmma_ws gives a call one of the persistent kernel's block shapes (head
-/// dim 128's 128-row blocks, head dim 64's 64-row blocks) and wgmma_ws_persistent takes it: dense and
-/// 16-bit, fewer than 2^31 work items (the causal walks count them in 32 bits, with a grid of fewer
-/// than 2^31 blocks). The launch then runs the persistent kernel where TMA can describe Q
-/// (wgmma_tma_persistent).
+/// dim 128's 128-row blocks, head dim 64's 64-row blocks) and wgmma_ws_persistent takes it: dense,
+/// fewer than 2^31 work items (the walks count them in 32 bits, with a grid of fewer than 2^31
+/// blocks). The launch then runs the persistent kernel where TMA can describe Q (wgmma_tma_persistent).
+/// e4m3 calls (head dim 128) take the same rules with keys present and without the heaviest-first walk:
+/// on the persistent grid they ran 1.18 / 1.11 / 1.07 / 1.03x non-causal at 512 / 1k / 2k / 4k keys and
+/// 1.21 / 1.16 / 1.07 / 1.01x causal at 512-4k rows, but heaviest first 0.98x at 16k causal rows
+/// (benchmarks/NOTES.md, "The e4m3 forward on the persistent grid").
 inline bool wgmma_ws_persistent_shape(const AttentionParams& p) {
-  if (p.is_fp8() || !p.is_dense() || !wgmma_ws_persistent(p)) return false;
+  if (!p.is_dense() || !wgmma_ws_persistent(p)) return false;
+  if (p.is_fp8() && (p.seqlen_k == 0 || (p.is_causal && p.seqlen_q >= kWgmmaWsHeaviestFirstMinRows))) return false;
   if (p.head_dim == 64 && wgmma_ws_block_m(p) != kWgmmaWsBlockMShort) return false;
   const int block_m = p.head_dim == 128 ? kWgmmaBlockM : kWgmmaWsBlockMShort;
   return (p.seqlen_q + block_m - 1) / block_m * p.batch * p.heads < (int64_t{1} << 31);
@@ -736,9 +776,8 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
   }
   if (kernel == nullptr) return Status::Internal("this wgmma block shape is not built for this call's mask");
   // The persistent kernel: head dim 128's 128 x 128 blocks and head dim 64's 64-row blocks.
-  if constexpr (!Traits::kTransposes &&
-                ((kHeadDim == 128 && kBlockM == kWgmmaBlockM) || (kHeadDim == 64 && kBlockM == kWgmmaWsBlockMShort))) {
-    if (wgmma_ws_persistent_shape(p)) {  // the shape condition above, and a dense 16-bit call
+  if constexpr ((kHeadDim == 128 && kBlockM == kWgmmaBlockM) || (kHeadDim == 64 && kBlockM == kWgmmaWsBlockMShort)) {
+    if (wgmma_ws_persistent_shape(p)) {  // the shape condition above, and a dense call
       CUtensorMap q_map{};
       if (tma::encode_rows_map(&q_map, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
                                p.q_head_stride, p.q_batch_stride, Traits::kBlockM)) {
@@ -762,8 +801,10 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
           } else {
             if (p.is_causal && order == WalkOrder::kGridDealt)
               persistent = persistent_kernel(std::true_type{}, GridDealt{});
-            if (p.is_causal && order == WalkOrder::kHeaviestFirst)
-              persistent = persistent_kernel(std::true_type{}, HeaviestFirst{});
+            if constexpr (!Traits::kTransposes) {  // (e4m3 calls never walk heaviest first)
+              if (p.is_causal && order == WalkOrder::kHeaviestFirst)
+                persistent = persistent_kernel(std::true_type{}, HeaviestFirst{});
+            }
           }
         }
         if (persistent == nullptr) return Status::Internal("no persistent wgmma kernel of this shape for this call");

@@ -69,7 +69,7 @@ __device__ __forceinline__ GridTile grid_tile(int64_t tile_index, int64_t tiles,
 ///                   (head dim 64's causal 64-row blocks, three per SM).
 ///
 /// Each walk: `for (auto it = PersistentWalk<kOrder>::start(tiles, heads); it.more(); it.next()) ...
-/// it.at()`, at() the item's launch position. The dealt and paired walks count in 32 bits: the launcher
+/// it.at()`, at() the item's launch position. Every walk counts in 32 bits: the launcher
 /// keeps the items plus the grid's size below 2^32.
 enum class WalkOrder { kGrid, kGridDealt, kHeaviestFirst, kPairs };
 
@@ -104,9 +104,9 @@ struct PersistentWalk {
 
 template <>
 struct PersistentWalk<WalkOrder::kGrid> {
-  int64_t item, items, tiles;
+  uint32_t item, items, tiles;
   __device__ __forceinline__ static PersistentWalk start(int64_t tiles, int64_t heads) {
-    return {static_cast<int64_t>(blockIdx.x), tiles * heads, tiles};
+    return {blockIdx.x, static_cast<uint32_t>(tiles * heads), static_cast<uint32_t>(tiles)};
   }
   __device__ __forceinline__ bool more() const { return item < items; }
   __device__ __forceinline__ void next() { item += gridDim.x; }
