@@ -20,6 +20,9 @@ set -uo pipefail
 : "${TARBALLS:?a folder with the git archive tarballs NAME.tgz}"
 mkdir -p /tmp/logs
 for n in "$@"; do
+  # A tree of the same name from an earlier call on a warm machine goes first: pip --target does not
+  # replace a package folder that exists (the build folder stays, for an incremental build).
+  rm -rf "/tmp/src-$n" "/tmp/$n"
   mkdir -p "/tmp/src-$n" && tar xzf "$TARBALLS/$n.tgz" -C "/tmp/src-$n"
   build_tree "/tmp/src-$n" "/tmp/$n" "/tmp/build-$n" "/tmp/logs/build-$n.log" &
 done
