@@ -67,6 +67,7 @@ SHAPES = [  # batch, seqlen_q, seqlen_k, heads, heads_kv
     (1, 1000, 333, 6, 3),
     (2, 33, 0, 4, 2),  # no keys: zeros and LSE -inf
     (4, 1000, 700, 16, 4),  # 512 query blocks: several per block of a persistent grid; causal rows 0-299 see no key
+    (1, 8200, 8300, 2, 1),  # 192-key tiles (long rows): 44 tiles, the last of 44 keys; rows not a multiple of 128
 ]
 
 

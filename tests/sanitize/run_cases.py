@@ -94,7 +94,9 @@ def cases():
             ("wgmma", "e4m3", (4, 256, 601, 16, 4), 128, False, "contiguous"),
             ("wgmma", "e4m3", (2, 33, 0, 4, 2), 128, False, "contiguous"),
             ("wgmma", "e4m3", (4, 1000, 700, 16, 4), 128, True, "contiguous"),  # several items per persistent block
-            ("wgmma", "e4m3", (4, 1000, 700, 16, 4), 128, False, "contiguous")]
+            ("wgmma", "e4m3", (4, 1000, 700, 16, 4), 128, False, "contiguous"),
+            ("wgmma", "e4m3", (1, 200, 8300, 2, 1), 128, False, "contiguous"),  # 192-key tiles, a tail of 44 keys
+            ("wgmma", "e4m3", (1, 8200, 8250, 1, 1), 128, True, "bhsd")]
     # wgmma's split-KV (small grids, long keys): pieces with tails and empty causal rows, and the merge.
     out += [("wgmma", "fp16", (1, 200, 700, 2, 1), 128, True, "contiguous"),
             ("wgmma", "bf16", (2, 37, 653, 4, 2), 64, False, "bhsd")]

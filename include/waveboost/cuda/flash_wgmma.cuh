@@ -49,7 +49,7 @@ namespace waveboost::cuda {
 /// \tparam Element_  __half or __nv_bfloat16 (Q, K, V, O, P); accumulation is fp32.
 /// \tparam kHeadDim_ 64 or 128.
 /// \tparam kBlockM_  query rows per block, 64 per consumer warpgroup (the cp.async kernel: 128).
-/// \tparam kBlockN_  keys per tile: 128, or 64 (16-bit, the TMA kernel's short causal blocks at head dim 128).
+/// \tparam kBlockN_  keys per tile: 128, or 64 (16-bit, the TMA kernel's short blocks), or 192 (e4m3).
 template <typename Element_, int kHeadDim_, int kBlockM_ = kWgmmaBlockM, int kBlockN_ = kWgmmaBlockN>
 struct FlashWgmmaTraits {
   using Element = Element_;
@@ -88,6 +88,11 @@ struct FlashWgmmaTraits {
 
   static constexpr int kQTileBytes = kBlockM * kHeadDim * int(sizeof(Element));
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * int(sizeof(Element));
+  // V^T (kValuesTransposed): head_dim rows in panels of 128 keys (a last panel of fewer keys is
+  // allocated whole). The products read values from tiles kValuesTileBytes apart.
+  static constexpr int kVtPanels = (kBlockN + kPanelCols - 1) / kPanelCols;
+  static constexpr int kVtTileBytes = kValuesTransposed ? kVtPanels * kHeadDim * kRowBytes : 0;
+  static constexpr int kValuesTileBytes = kValuesTransposed ? kVtTileBytes : kKVTileBytes;
   static constexpr int kStages = 2;
   // Swizzle atoms must start on 1024 B boundaries; the kernel rounds the dynamic
   // shared-memory base up, which costs at most this much.
@@ -194,12 +199,11 @@ __device__ __forceinline__ void negate_own_q_chunks(unsigned char* q_tile) {
 // The two products (issue only; the caller commits and waits)
 // ----------------------------------------------------------------------------
 
-// One k slice of S = Q K^T over N keys: k16 for 16-bit elements (N = 64 or 128), k32 for e4m3 (N = 128).
+// One k slice of S = Q K^T over N keys: k16 for 16-bit elements (N = 64 or 128), k32 for e4m3 (N = 128 or 192).
 template <typename Element, int N, bool kAccumulate>
 __device__ __forceinline__ void issue_score_slice(float (&s)[N / 2], uint64_t q_desc, uint64_t k_desc) {
   if constexpr (sizeof(Element) == 1) {
-    static_assert(N == 128, "e4m3 tiles of 128 keys");
-    wgmma::mma_m64n128k32_ss_e4m3<kAccumulate>(s, q_desc, k_desc);
+    wgmma::mma_m64nNk32_ss_e4m3<N, kAccumulate>(s, q_desc, k_desc);
   } else if constexpr (N == 64) {
     wgmma::mma_m64n64k16_ss<Element, kAccumulate>(s, q_desc, k_desc);
   } else {
@@ -225,14 +229,18 @@ __device__ __forceinline__ void issue_scores(float (&s)[Traits::kScoreRegs], uin
 
 // O += P V. p[ks] is the A fragment of k slice ks. 16-bit: keys 16 ks .. 16 ks + 15, whose V
 // rows start 16 ks rows (two atoms) into the MN-major tile. e4m3: the 32 keys of slice ks are
-// 32 B into each row of the K-major V^T tile (one panel of head_dim rows, kValuesTransposed).
+// 32 B * (ks % 4) into each row of panel ks / 4 of the K-major V^T tile (panels of head_dim rows
+// of 128 keys, kValuesTransposed).
 template <typename Traits>
 __device__ __forceinline__ void issue_pv(float (&o)[Traits::kOutRegs], const uint32_t (&p)[Traits::kKeySlices][4],
                                          uint64_t v_desc) {
 #pragma unroll
   for (int ks = 0; ks < Traits::kKeySlices; ++ks) {
     if constexpr (Traits::kValuesTransposed) {
-      wgmma::mma_m64nNk32_rs_e4m3<Traits::kHeadDim>(o, p[ks], wgmma::advance(v_desc, ks * 32));
+      const uint32_t panel = ks / Traits::kSlicesPerPanel;
+      wgmma::mma_m64nNk32_rs_e4m3<Traits::kHeadDim>(
+          o, p[ks],
+          wgmma::advance(v_desc, panel * Traits::kHeadDim * Traits::kRowBytes + (ks % Traits::kSlicesPerPanel) * 32));
     } else {
       wgmma::mma_m64nNk16_rs_tb<typename Traits::Element, Traits::kHeadDim>(
           o, p[ks], wgmma::advance(v_desc, ks * 16 * Traits::kRowBytes));

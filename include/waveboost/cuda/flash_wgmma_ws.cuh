@@ -87,8 +87,8 @@ struct FlashWgmmaWsTraits : FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_, kBlo
   // barriers of 8 B (6 kStages), and the alignment slack.
   static constexpr int kRings = kTransposes ? 3 : 2;
   static constexpr int kBarrierBytes = 2 * kRings * kStages * 8;
-  static constexpr int kSmemBytes =
-      Base::kQTileBytes + kRings * kStages * Base::kKVTileBytes + kBarrierBytes + Base::kAtomBytes;
+  static constexpr int kSmemBytes = Base::kQTileBytes + kStages * (2 * Base::kKVTileBytes + Base::kVtTileBytes) +
+                                    kBarrierBytes + Base::kAtomBytes;
   // The e4m3 epilogue stages O (16-bit, twice the bytes of a V tile row) in the V ring.
   static_assert(!kTransposes || kStages * Base::kKVTileBytes >= 2 * Base::kBlockM * kHeadDim_, "O staging");
   static constexpr int kPanels = kHeadDim_ / Base::kPanelCols;
@@ -126,8 +126,8 @@ struct Ring {
   }
 };
 
-// V^T of one e4m3 V tile (kBlockN = 128 keys x head_dim 128: one 128 B-swizzled panel, as TMA
-// wrote it) into the K-major layout P V reads (head_dim rows of 128 keys, 128 B swizzle), keys in
+// V^T of one e4m3 V tile (kBlockN keys x head_dim 128: one 128 B-swizzled panel, as TMA wrote
+// it) into the K-major layout P V reads (head_dim rows, 128 B swizzle, in panels of 128 keys), keys in
 // the column order of pack_e4m3's P: in each 16 keys, 4 B word t of a row holds keys 2t, 2t+1,
 // 8+2t, 9+2t. Work item (u, dq): keys 16u .. 16u+15 x columns 4dq .. 4dq+3, lane = dq, items u
 // dealt over the transposer warps. Loads of a key row are 32 distinct banks (the row's 32 words);
@@ -135,7 +135,7 @@ struct Ring {
 // four output rows at a different one ((m + dq / 2) % 4), so neither side conflicts.
 template <typename Traits>
 __device__ __forceinline__ void transpose_values(uint32_t raw, uint32_t vt, int warp, int lane) {
-  static_assert(Traits::kHeadDim == 128 && Traits::kBlockN == 128 && Traits::kRowBytes == 128, "one panel of 128");
+  static_assert(Traits::kHeadDim == 128 && Traits::kBlockN % 32 == 0 && Traits::kRowBytes == 128, "128 B rows");
   const int dq = lane;
   for (int u = warp; u < Traits::kBlockN / 16; u += Traits::kTransposerWarps) {
     uint32_t in[16];
@@ -156,7 +156,10 @@ __device__ __forceinline__ void transpose_values(uint32_t raw, uint32_t vt, int 
         const uint32_t y = __byte_perm(in[8 + 2 * t], in[9 + 2 * t], select);
         w[t] = __byte_perm(x, y, 0x5410);
       }
-      const uint32_t at = vt + d * 128 + ((u ^ (d & 7)) << 4);
+      // Keys 16u .. 16u + 15: panel u / 8, 16 B chunk u % 8 of row d (one panel under 128 keys).
+      constexpr bool kOnePanel = Traits::kBlockN <= 128;
+      const uint32_t panel = kOnePanel ? vt : vt + (u / 8) * Traits::kHeadDim * 128;
+      const uint32_t at = panel + d * 128 + (((kOnePanel ? u : u & 7) ^ (d & 7)) << 4);
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
                    : "memory");
     }
@@ -180,7 +183,7 @@ __device__ __forceinline__ Ring<Traits> make_ring(unsigned char* smem_raw, unsig
   ring.v_tile = ring.k_tile + kStages * Traits::kKVTileBytes;
   ring.vt_tile = ring.v_tile + kStages * Traits::kKVTileBytes;
   // The persistent e4m3 kernel's tile to stage O in (the one-block form stages O in the V ring).
-  ring.o_stage = ring.v_tile + (Traits::kRings - 1) * kStages * Traits::kKVTileBytes;
+  ring.o_stage = ring.vt_tile + kStages * Traits::kVtTileBytes;
   ring.barriers = ring.o_stage + (kQTiles == 2 ? Traits::kOStageBytes : 0);
 
   if (threadIdx.x == 0) {
@@ -335,7 +338,7 @@ __device__ __forceinline__ void consume_block(const AttentionParams& p, FlashBlo
 
       flash_wgmma::attend_tile<Traits, kMasked, kFirst>(
           o, p_prev, softmax, mask, q_desc, wgmma::advance(k_desc, stage * Traits::kKVTileBytes),
-          wgmma::advance(v_desc, prev_stage * Traits::kKVTileBytes), warp_m0 + g, n0, t, scale_log2,
+          wgmma::advance(v_desc, prev_stage * Traits::kValuesTileBytes), warp_m0 + g, n0, t, scale_log2,
           [&] {
             if (lane == 0) tma::arrive(ring.empty_k(stage));  // S(i) has read K(i)
           },
@@ -361,7 +364,8 @@ __device__ __forceinline__ void consume_block(const AttentionParams& p, FlashBlo
     // The last product, P(n-1) V(n-1).
     const int last_stage = static_cast<int>((visit0 + n_visits - 1) % kStages);
     tma::wait(ring.values_full(last_stage), ((visit0 + n_visits - 1) / kStages) & 1);
-    flash_wgmma::attend_last_values<Traits>(o, p_prev, wgmma::advance(v_desc, last_stage * Traits::kKVTileBytes));
+    flash_wgmma::attend_last_values<Traits>(o, p_prev,
+                                            wgmma::advance(v_desc, last_stage * Traits::kValuesTileBytes));
     // The ring runs on into the next block's tiles (the persistent kernel): V(n-1)'s buffer is free.
     if constexpr (kReleaseLastValues) {
       if (lane == 0) tma::arrive(ring.values_empty(last_stage));
@@ -423,7 +427,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
           tma::wait(ring.full_v(stage), phase);        // V(i) landed
           tma::wait(ring.empty_vt(stage), phase ^ 1);  // P(i - kStages) V(i - kStages) has read the V^T buffer
           transpose_values<Traits>(ring.v_tile + stage * Traits::kKVTileBytes,
-                                   ring.vt_tile + stage * Traits::kKVTileBytes, producer_warp - 1, threadIdx.x % 32);
+                                   ring.vt_tile + stage * Traits::kVtTileBytes, producer_warp - 1, threadIdx.x % 32);
           wgmma::fence_proxy_async();  // this thread's V^T writes, visible to the products that wait below
           tma::arrive(ring.full_vt(stage));
           tma::arrive(ring.empty_v(stage));
@@ -490,7 +494,7 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
             tma::wait(ring.full_v(stage), phase);
             tma::wait(ring.empty_vt(stage), phase ^ 1);
             transpose_values<Traits>(ring.v_tile + stage * Traits::kKVTileBytes,
-                                     ring.vt_tile + stage * Traits::kKVTileBytes, producer_warp - 1, threadIdx.x % 32);
+                                     ring.vt_tile + stage * Traits::kVtTileBytes, producer_warp - 1, threadIdx.x % 32);
             wgmma::fence_proxy_async();
             tma::arrive(ring.full_vt(stage));
             tma::arrive(ring.empty_v(stage));
@@ -708,6 +712,21 @@ inline bool wgmma_ws_persistent(const AttentionParams& p) {
   return p.seqlen_k <= (p.head_dim == 128 ? kWgmmaWsPersistentMaxKeys : kWgmmaWsPersistentMaxKeysHeadDim64);
 }
 
+// e4m3 calls with long rows run tiles of 192 keys (V^T in two panels; S 96, O 64 and P 24 registers
+// per consumer thread), one block per query block: non-causal from kWgmmaWsE4m3WideMinKeys keys,
+// causal from as many query rows (the calls the persistent grid leaves). Per tile the softmax's
+// row max, sums, rescale and barrier waits cover 1.5x the keys (benchmarks/NOTES.md, "e4m3 tiles of
+// 192 keys": 1.05x / 1.10x non-causal at 8k / 16k keys, 1.02x / 1.03x causal; 0.99x at 4k, below
+// from 2k down, where the last tile's padding and the persistent grid's start weigh more).
+constexpr int kWgmmaWsE4m3WideBlockN = 192;
+constexpr int64_t kWgmmaWsE4m3WideMinKeys = 8192;
+
+/// \brief Whether an e4m3 call runs the 192-key tiles (above).
+inline bool wgmma_ws_e4m3_wide(const AttentionParams& p) {
+  return p.is_fp8() && p.is_dense() && p.seqlen_k > 0 &&
+         (p.is_causal ? p.seqlen_q : p.seqlen_k) >= kWgmmaWsE4m3WideMinKeys;
+}
+
 /// \brief Whether launch_flash_wgmma_ws gives a call one of the persistent kernel's block shapes (head
 /// dim 128's 128-row blocks, head dim 64's 64-row blocks) and wgmma_ws_persistent takes it: dense,
 /// fewer than 2^31 work items (the walks count them in 32 bits, with a grid of fewer than 2^31
@@ -719,6 +738,7 @@ inline bool wgmma_ws_persistent(const AttentionParams& p) {
 inline bool wgmma_ws_persistent_shape(const AttentionParams& p) {
   if (!p.is_dense() || !wgmma_ws_persistent(p)) return false;
   if (p.is_fp8() && (p.seqlen_k == 0 || (p.is_causal && p.seqlen_q >= kWgmmaWsHeaviestFirstMinRows))) return false;
+  if (wgmma_ws_e4m3_wide(p)) return false;
   if (p.head_dim == 64 && wgmma_ws_block_m(p) != kWgmmaWsBlockMShort) return false;
   const int block_m = p.head_dim == 128 ? kWgmmaBlockM : kWgmmaWsBlockMShort;
   return (p.seqlen_q + block_m - 1) / block_m * p.batch * p.heads < (int64_t{1} << 31);
@@ -776,7 +796,8 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
   }
   if (kernel == nullptr) return Status::Internal("this wgmma block shape is not built for this call's mask");
   // The persistent kernel: head dim 128's 128 x 128 blocks and head dim 64's 64-row blocks.
-  if constexpr ((kHeadDim == 128 && kBlockM == kWgmmaBlockM) || (kHeadDim == 64 && kBlockM == kWgmmaWsBlockMShort)) {
+  if constexpr ((kHeadDim == 128 && kBlockM == kWgmmaBlockM && kBlockN == kWgmmaBlockN) ||
+                (kHeadDim == 64 && kBlockM == kWgmmaWsBlockMShort)) {
     if (wgmma_ws_persistent_shape(p)) {  // the shape condition above, and a dense call
       CUtensorMap q_map{};
       if (tma::encode_rows_map(&q_map, p.q, p.dtype, p.head_dim, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
@@ -847,6 +868,10 @@ Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
     return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM, kWgmmaBlockN,
                                       WsMasks::kNonCausal>(p, stream);
   } else {
+    if constexpr (sizeof(Element) == 1) {
+      if (wgmma_ws_e4m3_wide(p))
+        return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaBlockM, 1, kWgmmaWsE4m3WideBlockN>(p, stream);
+    }
     if constexpr (sizeof(Element) == 2) {
       if (wgmma_ws_d128_short(p))
         return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM,

@@ -103,6 +103,15 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N][M]) {
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
   "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
   "%62, %63}"
+#define WAVEBOOST_WGMMA_REGS96(C, d)                                                                  \
+  WAVEBOOST_WGMMA_REGS64(C, d), WAVEBOOST_WGMMA_REGS8(C, d, 64), WAVEBOOST_WGMMA_REGS8(C, d, 72),     \
+      WAVEBOOST_WGMMA_REGS8(C, d, 80), WAVEBOOST_WGMMA_REGS8(C, d, 88)
+#define WAVEBOOST_WGMMA_D96                                                                             \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
+  "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "  \
+  "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
 
 // The four forms of a 16-bit product, fp16 or bf16 inputs (Element) with D accumulated or overwritten
 // (kAccumulate): ISSUE(TYPES, C, SCALE_D) issues one, C and SCALE_D as for the operand lists above.
@@ -196,20 +205,35 @@ __device__ __forceinline__ void mma_m64nNk16_rs_tb(float (&d)[N / 2], const uint
 // four bytes): a0 = A[16w + g][4t .. 4t+3], a1 = A[16w + g + 8][4t .. 4t+3],
 // a2 = A[16w + g][16 + 4t .. 16 + 4t+3], a3 = A[16w + g + 8][16 + 4t .. 16 + 4t+3].
 
-// D (64 x 128, f32) {=, +=} A (64 x 32) B (32 x 128), both e4m3 and K-major in shared memory.
-template <bool kAccumulate>
-__device__ __forceinline__ void mma_m64n128k32_ss_e4m3(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
-#define WAVEBOOST_WGMMA_SS8(C, SCALE_D)                                                                  \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WAVEBOOST_WGMMA_D64              \
-               ", %64, %65, %66, 1, 1;\n"                                                                \
-               : WAVEBOOST_WGMMA_REGS64(C, d)                                                             \
-               : "l"(a_desc), "l"(b_desc), "n"(SCALE_D))
-  if constexpr (kAccumulate) {
-    WAVEBOOST_WGMMA_SS8("+f", 1);
+// D (64 x N, f32) {=, +=} A (64 x 32) B (32 x N), both e4m3 and K-major in shared memory; N = 128 or 192.
+template <int N, bool kAccumulate>
+__device__ __forceinline__ void mma_m64nNk32_ss_e4m3(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc) {
+  static_assert(N == 128 || N == 192, "N = 128 or 192");
+  if constexpr (N == 128) {
+    if constexpr (kAccumulate) {
+      asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WAVEBOOST_WGMMA_D64
+                   ", %64, %65, 1, 1, 1;\n"
+                   : WAVEBOOST_WGMMA_REGS64("+f", d)
+                   : "l"(a_desc), "l"(b_desc));
+    } else {
+      asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WAVEBOOST_WGMMA_D64
+                   ", %64, %65, 0, 1, 1;\n"
+                   : WAVEBOOST_WGMMA_REGS64("=f", d)
+                   : "l"(a_desc), "l"(b_desc));
+    }
   } else {
-    WAVEBOOST_WGMMA_SS8("=f", 0);
+    if constexpr (kAccumulate) {
+      asm volatile("wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 " WAVEBOOST_WGMMA_D96
+                   ", %96, %97, 1, 1, 1;\n"
+                   : WAVEBOOST_WGMMA_REGS96("+f", d)
+                   : "l"(a_desc), "l"(b_desc));
+    } else {
+      asm volatile("wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 " WAVEBOOST_WGMMA_D96
+                   ", %96, %97, 0, 1, 1;\n"
+                   : WAVEBOOST_WGMMA_REGS96("=f", d)
+                   : "l"(a_desc), "l"(b_desc));
+    }
   }
-#undef WAVEBOOST_WGMMA_SS8
 }
 
 // D (64 x N, f32) += A (64 x 32, e4m3 registers) B (32 x N), B e4m3 and K-major in shared memory.
