@@ -209,31 +209,21 @@ __device__ __forceinline__ void mma_m64nNk16_rs_tb(float (&d)[N / 2], const uint
 template <int N, bool kAccumulate>
 __device__ __forceinline__ void mma_m64nNk32_ss_e4m3(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc) {
   static_assert(N == 128 || N == 192, "N = 128 or 192");
-  if constexpr (N == 128) {
-    if constexpr (kAccumulate) {
-      asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WAVEBOOST_WGMMA_D64
-                   ", %64, %65, 1, 1, 1;\n"
-                   : WAVEBOOST_WGMMA_REGS64("+f", d)
-                   : "l"(a_desc), "l"(b_desc));
-    } else {
-      asm volatile("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WAVEBOOST_WGMMA_D64
-                   ", %64, %65, 0, 1, 1;\n"
-                   : WAVEBOOST_WGMMA_REGS64("=f", d)
-                   : "l"(a_desc), "l"(b_desc));
-    }
+  // SHAPE, D's operand list and constraints, the two descriptors' operand numbers; scale-d 1 accumulates.
+#define WAVEBOOST_WGMMA_SS8(SHAPE, DLIST, REGS, DESCS, C, SCALE_D)                                             \
+  asm volatile("wgmma.mma_async.sync.aligned." SHAPE ".f32.e4m3.e4m3 " DLIST ", " DESCS ", " #SCALE_D ", 1, 1;\n" \
+               : REGS(C, d)                                                                                     \
+               : "l"(a_desc), "l"(b_desc))
+  if constexpr (N == 128 && kAccumulate) {
+    WAVEBOOST_WGMMA_SS8("m64n128k32", WAVEBOOST_WGMMA_D64, WAVEBOOST_WGMMA_REGS64, "%64, %65", "+f", 1);
+  } else if constexpr (N == 128) {
+    WAVEBOOST_WGMMA_SS8("m64n128k32", WAVEBOOST_WGMMA_D64, WAVEBOOST_WGMMA_REGS64, "%64, %65", "=f", 0);
+  } else if constexpr (kAccumulate) {
+    WAVEBOOST_WGMMA_SS8("m64n192k32", WAVEBOOST_WGMMA_D96, WAVEBOOST_WGMMA_REGS96, "%96, %97", "+f", 1);
   } else {
-    if constexpr (kAccumulate) {
-      asm volatile("wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 " WAVEBOOST_WGMMA_D96
-                   ", %96, %97, 1, 1, 1;\n"
-                   : WAVEBOOST_WGMMA_REGS96("+f", d)
-                   : "l"(a_desc), "l"(b_desc));
-    } else {
-      asm volatile("wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 " WAVEBOOST_WGMMA_D96
-                   ", %96, %97, 0, 1, 1;\n"
-                   : WAVEBOOST_WGMMA_REGS96("=f", d)
-                   : "l"(a_desc), "l"(b_desc));
-    }
+    WAVEBOOST_WGMMA_SS8("m64n192k32", WAVEBOOST_WGMMA_D96, WAVEBOOST_WGMMA_REGS96, "%96, %97", "=f", 0);
   }
+#undef WAVEBOOST_WGMMA_SS8
 }
 
 // D (64 x N, f32) += A (64 x 32, e4m3 registers) B (32 x N), B e4m3 and K-major in shared memory.
