@@ -8,16 +8,7 @@ t0=$(date +%s); T=$OUT
 TARBALLS=.devrun bash benchmarks/build_trees.sh xi || { cp /tmp/logs/* $OUT/; exit 1; }
 echo "built $(( $(date +%s)-t0 )) s"
 cd /tmp/src-xi; export PYTHONPATH=/tmp/xi
-K='wgmma or persistent or block or plan or registry or fp8 or kernel'
-( timeout 300 python3 -m pytest -q -p no:cacheprovider -o addopts="" -n 6 tests/test_wgmma_pipeline.py tests/test_registry.py tests/test_fp8_gpu.py tests/test_gpu.py -k "$K" > $T/pytest.log 2>&1; echo "rc $?" >> $T/pytest.log ) &
-export PYTORCH_NO_CUDA_MEMORY_CACHING=1
-for tool in memcheck synccheck racecheck; do
-( timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/sanitize/run_cases.py --forward-only --wgmma-only > $T/$tool.txt 2>&1; echo "rc $?" >> $T/$tool.txt ) &
-done
-wait
-unset PYTORCH_NO_CUDA_MEMORY_CACHING
-echo "pytest: $(grep -E 'passed|failed|error' $T/pytest.log | tail -2 | tr '\n' ' ')"; grep -E "^FAILED|^ERROR" $T/pytest.log | head -5
-for f in memcheck synccheck racecheck; do echo "$f: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|^run_cases\|^rc' $T/$f.txt | tr '\n' ' ')"; done
+bash $ROOT/benchmarks/gpu_checks.sh $T
 echo "checked $(( $(date +%s)-t0 )) s"
 cat > /tmp/same.py <<'PY'
 import os, torch, waveboost

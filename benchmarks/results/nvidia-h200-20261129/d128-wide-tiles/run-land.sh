@@ -8,16 +8,7 @@ python3 -m pip install -q --no-deps .whl/*.whl > /tmp/wheels.log 2>&1 || tail -3
 TARBALLS=.devrun bash benchmarks/build_trees.sh d128w || { cp /tmp/logs/* $OUT/; exit 1; }
 echo "built $(( $(date +%s)-t0 )) s"
 cd /tmp/src-d128w; export PYTHONPATH=/tmp/d128w
-K='wgmma or persistent or block or plan or registry or fp8 or kernel'
-( timeout 300 python3 -m pytest -q -p no:cacheprovider -o addopts="" -n 6 tests/test_wgmma_pipeline.py tests/test_registry.py tests/test_fp8_gpu.py tests/test_gpu.py -k "$K" > $T/pytest.log 2>&1; echo "rc $?" >> $T/pytest.log ) &
-export PYTORCH_NO_CUDA_MEMORY_CACHING=1
-for tool in memcheck synccheck racecheck; do
-( timeout 300 compute-sanitizer --tool $tool --print-limit 20 python3 tests/sanitize/run_cases.py --forward-only --wgmma-only > $T/$tool.txt 2>&1; echo "rc $?" >> $T/$tool.txt ) &
-done
-wait
-unset PYTORCH_NO_CUDA_MEMORY_CACHING
-echo "pytest: $(grep -E 'passed|failed|error' $T/pytest.log | tail -2 | tr '\n' ' ')"; grep -E "^FAILED|^ERROR" $T/pytest.log | head -5
-for f in memcheck synccheck racecheck; do echo "$f: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|^run_cases\|^rc' $T/$f.txt | tr '\n' ' ')"; done
+bash $ROOT/benchmarks/gpu_checks.sh $T
 echo "checked $(( $(date +%s)-t0 )) s"
 B="python3 -m waveboost.bench --no-charts --plain --device cuda --preset fa2 --repeats 20 --budget-ms 100"
 timeout 150 $B --dtypes bfloat16,float16 --pass fwd --head-dims 128 --impls waveboost_wgmma,sdpa_flash,sdpa_cudnn,jax_cudnn,fa3 --out $T/fwd > $T/fwd.log 2>&1
