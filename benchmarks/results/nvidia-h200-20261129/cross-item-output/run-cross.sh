@@ -4,7 +4,7 @@
 # then ab_env (first value the base: 1, the immediate output).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-t0=$(date +%s); T=$OUT
+t0=$(date +%s); T=$OUT; ROOT=$PWD  # this checkout: its benchmarks/gpu_checks.sh
 TARBALLS=.devrun bash benchmarks/build_trees.sh xi || { cp /tmp/logs/* $OUT/; exit 1; }
 echo "built $(( $(date +%s)-t0 )) s"
 cd /tmp/src-xi; export PYTHONPATH=/tmp/xi

@@ -3,7 +3,7 @@
 # then the forward grid at head dim 128 beside the peers.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-t0=$(date +%s); T=$OUT
+t0=$(date +%s); T=$OUT; ROOT=$PWD  # this checkout: its benchmarks/gpu_checks.sh
 python3 -m pip install -q --no-deps .whl/*.whl > /tmp/wheels.log 2>&1 || tail -3 /tmp/wheels.log
 TARBALLS=.devrun bash benchmarks/build_trees.sh d128w || { cp /tmp/logs/* $OUT/; exit 1; }
 echo "built $(( $(date +%s)-t0 )) s"
