@@ -71,16 +71,16 @@ struct FlashWgmmaWsTraits : FlashWgmmaTraits<Element_, kHeadDim_, kBlockM_, kBlo
   // producer's decrease freed never completes. So the consumers get what the producer leaves of
   // that allocation, rounded down to a multiple of 8, at most 240.
   static constexpr int kLaunchRegisters = 65536 / (kBlockThreads * kBlocksPerSM) / 8 * 8;
-  static constexpr int kPooledRegisters = kLaunchRegisters * kBlockThreads - kProducerRegisters * 128;
-  static constexpr int kConsumerRegisters =
-      kPooledRegisters / kConsumerThreads / 8 * 8 > 240 ? 240 : kPooledRegisters / kConsumerThreads / 8 * 8;
+  // What a consumer thread gets beside a producer warpgroup of `producer` registers per thread.
+  static constexpr int consumer_registers(int producer) {
+    const int pooled = (kLaunchRegisters * kBlockThreads - producer * 128) / kConsumerThreads / 8 * 8;
+    return pooled > 240 ? 240 : pooled;
+  }
+  static constexpr int kConsumerRegisters = consumer_registers(kProducerRegisters);
   // The persistent kernel's transposer warps also walk the items: 80 registers keep that loop from spilling
   // (64: 36-76 bytes), the consumers then get 208.
   static constexpr int kPersistentProducerRegisters = kTransposes ? 80 : kProducerRegisters;
-  static constexpr int kPersistentConsumerRegisters =
-      (kLaunchRegisters * kBlockThreads - kPersistentProducerRegisters * 128) / kConsumerThreads / 8 * 8 > 240
-          ? 240
-          : (kLaunchRegisters * kBlockThreads - kPersistentProducerRegisters * 128) / kConsumerThreads / 8 * 8;
+  static constexpr int kPersistentConsumerRegisters = consumer_registers(kPersistentProducerRegisters);
   static_assert(kConsumerRegisters * kConsumerThreads + kProducerRegisters * 128 <= kLaunchRegisters * kBlockThreads,
                 "register file");
   // Q, kStages K tiles, kStages V tiles (and with kTransposes kStages V^T tiles), 4 kStages
@@ -720,6 +720,7 @@ inline bool wgmma_ws_persistent(const AttentionParams& p) {
 // from 2k down, where the last tile's padding and the persistent grid's start weigh more).
 constexpr int kWgmmaWsE4m3WideBlockN = 192;
 constexpr int64_t kWgmmaWsE4m3WideMinKeys = 8192;
+static_assert(kWgmmaWsE4m3WideMinKeys <= kWgmmaWsHeaviestFirstMinRows, "no e4m3 call walks heaviest first");
 
 /// \brief Whether an e4m3 call runs the 192-key tiles (above).
 inline bool wgmma_ws_e4m3_wide(const AttentionParams& p) {
@@ -731,14 +732,14 @@ inline bool wgmma_ws_e4m3_wide(const AttentionParams& p) {
 /// dim 128's 128-row blocks, head dim 64's 64-row blocks) and wgmma_ws_persistent takes it: dense,
 /// fewer than 2^31 work items (the walks count them in 32 bits, with a grid of fewer than 2^31
 /// blocks). The launch then runs the persistent kernel where TMA can describe Q (wgmma_tma_persistent).
-/// e4m3 calls (head dim 128) take the same rules with keys present and without the heaviest-first walk:
-/// on the persistent grid they ran 1.18 / 1.11 / 1.07 / 1.03x non-causal at 512 / 1k / 2k / 4k keys and
+/// e4m3 calls (head dim 128) take the same rules with keys present, except those of the 192-key tiles
+/// (wgmma_ws_e4m3_wide), which include every causal call the heaviest-first walk would take: on the
+/// persistent grid they ran 1.18 / 1.11 / 1.07 / 1.03x non-causal at 512 / 1k / 2k / 4k keys and
 /// 1.21 / 1.16 / 1.07 / 1.01x causal at 512-4k rows, but heaviest first 0.98x at 16k causal rows
 /// (benchmarks/NOTES.md, "The e4m3 forward on the persistent grid").
 inline bool wgmma_ws_persistent_shape(const AttentionParams& p) {
   if (!p.is_dense() || !wgmma_ws_persistent(p)) return false;
-  if (p.is_fp8() && (p.seqlen_k == 0 || (p.is_causal && p.seqlen_q >= kWgmmaWsHeaviestFirstMinRows))) return false;
-  if (wgmma_ws_e4m3_wide(p)) return false;
+  if ((p.is_fp8() && p.seqlen_k == 0) || wgmma_ws_e4m3_wide(p)) return false;
   if (p.head_dim == 64 && wgmma_ws_block_m(p) != kWgmmaWsBlockMShort) return false;
   const int block_m = p.head_dim == 128 ? kWgmmaBlockM : kWgmmaWsBlockMShort;
   return (p.seqlen_q + block_m - 1) / block_m * p.batch * p.heads < (int64_t{1} << 31);
