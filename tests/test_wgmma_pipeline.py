@@ -171,7 +171,8 @@ def test_tma_pipeline_head_dim_128_short_causal_blocks():
 def test_persistent_kernel_blocks_take_several_items():
     """Non-causal head dim 128 calls of at most 8192 keys run the persistent TMA kernel (at most one
     wave of blocks, each taking every gridDim.x-th query block; WAVEBOOST_WGMMA_PERSISTENT=1 runs it
-    for every non-causal head dim 128 call, the child process below): grids of 2-8 query blocks per
+    for every non-causal head dim 128 call, the child process below; past 8192 keys, unforced, 16-bit calls run
+    one block per query block on tiles of 192 keys): grids of 2-8 query blocks per
     block, partial last query blocks and key tiles, GQA and MQA, and negative scales (Q negated in
     shared memory after its TMA load). So do head dim 64's non-causal calls under 2048 query rows
     (64-row blocks, two per SM) of at most 2048 keys. Causal head dim 128 calls run it too: from 8192 query
@@ -183,7 +184,8 @@ def test_persistent_kernel_blocks_take_several_items():
         (3, 20, 5, 777, 1024, False, -0.3),
         (8, 16, 2, 300, 97, False, 0.2),
         (2, 32, 1, 2500, 3100, False, 0.7),
-        (2, 16, 2, 600, 8500, False, -0.7),  # persistent only when forced
+        (2, 16, 2, 600, 8500, False, -0.7),  # persistent only when forced, else 192-key tiles
+        (2, 8, 2, 1100, 9000, False, 0.3),  # 192-key tiles unless forced persistent: a last tile of 168 keys
         (4, 16, 4, 1000, 600, True, -0.3),  # rows 0-399 see no key
         (2, 16, 4, 1500, 1300, True, None),  # 128 x 128 causal blocks, rows 0-199 see no key
         (1, 32, 8, 2100, 2600, True, 0.4),  # more keys than queries

@@ -85,6 +85,7 @@ def cases():
     # blocks, rows 0-299 see no key); head dim 64's causal 64-row blocks in pairs of equal work (8 pairs
     # per head; 11 query blocks: 5 pairs and the middle one).
     out += [("wgmma", "bf16", (1, 8250, 8200, 3, 1), 128, True, "contiguous"),
+            ("wgmma", "fp16", (2, 1100, 9000, 8, 2), 128, False, "contiguous"),  # 192-key tiles
             ("wgmma", "fp16", (4, 1000, 700, 16, 4), 128, True, "contiguous"),
             ("wgmma", "fp16", (4, 1000, 900, 16, 4), 64, True, "contiguous"),
             ("wgmma", "bf16", (3, 650, 700, 24, 4), 64, True, "contiguous")]

@@ -206,6 +206,8 @@ __device__ __forceinline__ void issue_score_slice(float (&s)[N / 2], uint64_t q_
     wgmma::mma_m64nNk32_ss_e4m3<N, kAccumulate>(s, q_desc, k_desc);
   } else if constexpr (N == 64) {
     wgmma::mma_m64n64k16_ss<Element, kAccumulate>(s, q_desc, k_desc);
+  } else if constexpr (N == 192) {
+    wgmma::mma_m64n192k16_ss<Element, kAccumulate>(s, q_desc, k_desc);
   } else {
     wgmma::mma_m64n128k16_ss<Element, kAccumulate>(s, q_desc, k_desc);
   }

@@ -745,6 +745,18 @@ inline bool wgmma_ws_persistent_shape(const AttentionParams& p) {
   return (p.seqlen_q + block_m - 1) / block_m * p.batch * p.heads < (int64_t{1} << 31);
 }
 
+// Head dim 128, 16-bit non-causal dense calls past the persistent grid's keys run tiles of 192 keys, one block per
+// query block (S 96, O 64, P 48 registers of a consumer's 240; 225 KB of shared memory, too much for the
+// persistent form's second Q tile): 1.02 / 1.04x at 16k keys bf16 / fp16, 1.01x at 8k against the persistent
+// grid, 0.92-0.96x at 2k-4k (benchmarks/NOTES.md, "Head dim 128 16-bit non-causal tiles of 192 keys").
+constexpr int kWgmmaWsD128WideBlockN = 192;
+
+/// \brief Whether a call runs the 16-bit 192-key tiles (above).
+inline bool wgmma_ws_d128_wide(const AttentionParams& p) {
+  return !p.is_fp8() && p.head_dim == 128 && !p.is_causal && p.is_dense() &&
+         p.seqlen_k > kWgmmaWsPersistentMaxKeys && !wgmma_ws_persistent_shape(p);
+}
+
 /// \brief Whether a causal head dim 128 call runs blocks of 64 rows over 64-key tiles, two per SM (above).
 inline bool wgmma_ws_d128_short(const AttentionParams& p) {
   static const bool off = [] {
@@ -779,13 +791,15 @@ Status launch_flash_wgmma_ws_rows(const AttentionParams& p, cudaStream_t stream)
   if (Status s = folded_grid_check(p, Traits::kBlockM, "wgmma"); !s.ok()) return s;
   const FoldedGrid g = folded_grid(p, Traits::kBlockM);
   const bool sequences = !p.is_dense();
-  if constexpr (Traits::kTransposes) {
-    if (sequences) return Status::NotSupported("the e4m3 wgmma kernel runs dense batches");
+  // Sequence layouts run on the 16-bit tiles of at most 128 keys (e4m3 and the wide tiles: dense batches).
+  constexpr bool kSequenceKernels = !Traits::kTransposes && kBlockN <= kWgmmaBlockN;
+  if constexpr (!kSequenceKernels) {
+    if (sequences) return Status::NotSupported("this wgmma tile shape runs dense batches");
   }
-  // One block per query block: the kernel for the call's mask (e4m3 has no sequence-layout kernel).
+  // One block per query block: the kernel for the call's mask.
   const auto block_kernel = [sequences](auto causal) {
     constexpr bool kCausal = decltype(causal)::value;
-    return sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, kCausal, !Traits::kTransposes>
+    return sequences ? flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, kCausal, kSequenceKernels>
                      : flash_wgmma_ws_kernel<Element, kHeadDim, kBlockM, kBlocksPerSM, kBlockN, kCausal, false>;
   };
   void (*kernel)(AttentionParams, CUtensorMap, CUtensorMap) = nullptr;
@@ -874,6 +888,9 @@ Status launch_flash_wgmma_ws(const AttentionParams& p, cudaStream_t stream) {
         return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaBlockM, 1, kWgmmaWsE4m3WideBlockN>(p, stream);
     }
     if constexpr (sizeof(Element) == 2) {
+      if (wgmma_ws_d128_wide(p))
+        return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaBlockM, 1, kWgmmaWsD128WideBlockN,
+                                          WsMasks::kNonCausal>(p, stream);
       if (wgmma_ws_d128_short(p))
         return launch_flash_wgmma_ws_rows<Element, kHeadDim, kWgmmaWsBlockMShort, kWgmmaWsShortBlocksPerSM,
                                           kWgmmaWsD128ShortBlockN, WsMasks::kCausal>(p, stream);

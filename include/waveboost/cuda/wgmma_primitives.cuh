@@ -144,6 +144,19 @@ __device__ __forceinline__ void mma_m64n128k16_ss(float (&d)[64], uint64_t a_des
 #undef WAVEBOOST_WGMMA_SS
 }
 
+// D (64 x 192, f32) {=, +=} A (64 x 16) B (16 x 192), A and B K-major in shared memory.
+template <typename Element, bool kAccumulate>
+__device__ __forceinline__ void mma_m64n192k16_ss(float (&d)[96], uint64_t a_desc, uint64_t b_desc) {
+  static_assert(std::is_same_v<Element, __half> || std::is_same_v<Element, __nv_bfloat16>, "16-bit inputs");
+#define WAVEBOOST_WGMMA_SS96(TYPES, C, SCALE_D)                                                           \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n192k16.f32." TYPES " " WAVEBOOST_WGMMA_D96               \
+               ", %96, %97, %98, 1, 1, 0, 0;\n"                                                          \
+               : WAVEBOOST_WGMMA_REGS96(C, d)                                                             \
+               : "l"(a_desc), "l"(b_desc), "n"(SCALE_D))
+  WAVEBOOST_WGMMA_16BIT_FORMS(WAVEBOOST_WGMMA_SS96)
+#undef WAVEBOOST_WGMMA_SS96
+}
+
 // D (64 x 64, f32) {=, +=} A (64 x 16) B (16 x 64), both in shared memory: kTransposed false, both
 // K-major; true, both MN-major (imm-trans-a = imm-trans-b = 1: A's M index and B's N index are the
 // contiguous ones).
