@@ -117,9 +117,53 @@ def test_split_and_unsplit_grids(b, heads, heads_kv, lk):
     # One block per (sequence, kv head) here: the keys are split wherever those leave an SM idle.
     if 2 * b * heads_kv <= torch.cuda.get_device_properties(0).multi_processor_count:
         plan = waveboost.plan(q, k, v, backend="decode")
-        # 16-row tiles (heads / heads_kv <= 16 here) merge in the kernel.
-        assert plan["num_splits"] > 1 and plan["merge"] == "in-kernel", plan
+        # 16-row tiles (heads / heads_kv <= 16 here) merge in the kernel, or in a cluster (sm_90).
+        assert plan["num_splits"] > 1 and plan["merge"] in ("in-kernel", "cluster"), plan
     check_decode_bf16(q, k, v)
+
+
+# Clusters (sm_90, the TMA kernel): a split call whose 2-16 pieces per (sequence, kv head) fill one
+# wave runs each (sequence, kv head)'s pieces as a thread block cluster that merges them through its
+# shared memory; WAVEBOOST_DECODE_CLUSTER (read per call) 0 merges through global memory instead, 2
+# clusters with one block per SM. On an H200 the cases below take clusters of 16 (non-portable), 16,
+# 8 (pages of 16: two blocks per SM), 5, 2 and 2 blocks; pieces past a short sequence's tiles are empty,
+# lengths 0 and 1 take one piece.
+@pytest.mark.parametrize("b,heads,heads_kv,d,lq,causal,lengths,page_size", [
+    (1, 32, 8, 128, 1, False, [2048], None),
+    (2, 16, 4, 64, 4, True, [3001, 0], None),
+    (4, 64, 8, 128, 1, False, [1, 5000, 64 * 3, 200], 16),
+    (3, 8, 8, 64, 1, False, [7000, 129, 1], None),
+    (8, 32, 8, 128, 1, False, [0, 1, 4000, 65, 64, 129, 4096, 3], 64),
+    (8, 128, 8, 128, 1, False, [4096, 17, 4000, 2, 3000, 4096, 1000, 333], None),
+])
+def test_cluster_merge_matches_the_reference(b, heads, heads_kv, d, lq, causal, lengths, page_size, monkeypatch):
+    g = gen(sum(lengths) + heads)
+    dtype, max_len = torch.bfloat16, max(lengths) + 64
+    k_cache, v_cache = randn(g, b, max_len, heads_kv, d, dtype=dtype), randn(g, b, max_len, heads_kv, d, dtype=dtype)
+    q = randn(g, b, lq, heads, d, dtype=dtype)
+    if page_size is not None:
+        max_len = (max_len + page_size - 1) // page_size * page_size
+        pad = max_len - k_cache.shape[1]
+        k_cache, v_cache = (torch.cat([c, randn(g, b, pad, heads_kv, d, dtype=dtype)], 1) for c in (k_cache, v_cache))
+    kc, vc, table = paged_copy(g, k_cache, v_cache, page_size)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    results = {}
+    for setting in ("0", "1", "2"):
+        monkeypatch.setenv("WAVEBOOST_DECODE_CLUSTER", setting)
+        plan = waveboost.plan(q, k_cache, v_cache, causal=causal, backend="decode")
+        if "tma" in plan["kernel"] and sms >= 128 and setting != "2":  # 2: where one block per SM holds them
+            assert (plan["merge"] == "cluster") == (setting == "1"), plan
+        out = torch.full_like(q, float("nan"))
+        _, lse = waveboost.attention_with_kvcache(q, kc, vc, seqlens, block_table=table, causal=causal, out=out,
+                                                  return_lse=True, backend="decode")
+        check_sequences(out, lse, q, k_cache, v_cache, [lq] * b, lengths, causal, "bf16")
+        results[setting] = (out, lse)
+    for setting in ("1", "2"):
+        torch.testing.assert_close(results[setting][0], results["0"][0], rtol=0, atol=2e-2)
+        finite = torch.isfinite(results["0"][1])
+        assert torch.equal(finite, torch.isfinite(results[setting][1]))
+        torch.testing.assert_close(results[setting][1][finite], results["0"][1][finite], rtol=1e-5, atol=1e-5)
 
 
 def test_grid_just_past_one_wave_splits_its_last_wave():

@@ -611,8 +611,9 @@ def plan(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str = "auto")
     a dict with ``backend`` (``auto`` resolved), ``kernel`` (a ``name`` of ``kernels()``, or the
     backend's name for the paths outside the kernel table: ``cpu``, ``naive``), ``num_splits``
     (the pieces the keys are cut into and merged after, split-KV; 1 when unsplit) and ``merge``,
-    how the pieces merge: ``in-kernel`` (the last piece to finish merges them), ``combine-kernel``
-    (a second kernel), or ``""`` when unsplit, and ``persistent``: whether the grid is one wave of
+    how the pieces merge: ``in-kernel`` (the last piece to finish merges them), ``cluster`` (the pieces
+    of a sequence and kv head run as one thread block cluster and merge through its shared memory;
+    decode on sm_90), ``combine-kernel`` (a second kernel), or ``""`` when unsplit, and ``persistent``: whether the grid is one wave of
     blocks that take the query blocks in turn (wgmma's TMA kernel, non-causal calls) rather than a
     block per query block (``WAVEBOOST_WGMMA_PERSISTENT=0`` or ``1`` decides for every call it can
     take). The launchers decide

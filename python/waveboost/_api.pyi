@@ -63,7 +63,7 @@ class Plan(TypedDict):
     backend: ResolvedBackend
     kernel: str
     num_splits: int
-    merge: Literal["", "in-kernel", "combine-kernel"]
+    merge: Literal["", "in-kernel", "cluster", "combine-kernel"]
 
 def plan(q: Any, k: Any, v: Any, *, causal: bool = ..., backend: BackendName = ...) -> Plan: ...
 def check_flag(value: Any, arg: str) -> bool: ...

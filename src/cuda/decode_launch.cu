@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "cuda_paths.h"
 #include "kernel_registry.h"
@@ -47,7 +50,8 @@ constexpr int kDecodeBlocksPerSM = 2;
 // picks the merge for every tile; WAVEBOOST_DECODE_BLOCKS_PER_SM=1 or 2 the wave that the split
 // count fills; WAVEBOOST_DECODE_MAX_SPLITS=N (1..kDecodeMaxSplits) caps the pieces per (sequence,
 // kv head); WAVEBOOST_DECODE_L2_PROMOTION=128 or 256 the TMA boxes' L2 promotion;
-// WAVEBOOST_DECODE_PIPELINE (decode_variant) the loads.
+// WAVEBOOST_DECODE_PIPELINE (decode_variant) the loads; WAVEBOOST_DECODE_CLUSTER (decode_cluster) the
+// cluster merge.
 constexpr int kFastMemoryMBps = 30000;  // DRAM MB/s per SM from which the rules above change (an H200)
 constexpr int64_t kMinTilesPerPiece = 4;
 
@@ -151,6 +155,78 @@ int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_p
   return splits == 1 ? splits_for_last_wave(p, multiprocessors, tile_boxes) : splits;
 }
 
+// Clusters (DecodeSplit::cluster): a split call on the TMA kernel with 2-16 pieces per (sequence, kv
+// head) of 16-row tiles merges them through each cluster's shared memory where every cluster of the
+// grid is resident at once (clusters_resident: the grids of one wave above); else through global
+// memory as above (benchmarks/NOTES.md, "Decode: the pieces of one wave merged through a thread block
+// cluster"). WAVEBOOST_DECODE_CLUSTER (read per call, to measure it): 0 never, 2 with the shared
+// memory raised to one block per SM.
+constexpr int kMaxClusterPieces = 16;  // 9-16 non-portable
+constexpr int kOneBlockPerSMBytes = 120 * 1024;
+
+int cluster_setting() {
+  const char* v = std::getenv("WAVEBOOST_DECODE_CLUSTER");
+  if (v != nullptr && std::strcmp(v, "0") == 0) return 0;
+  if (v != nullptr && std::strcmp(v, "2") == 0) return 2;
+  return 1;
+}
+
+// A kernel of the TMA decode kernel's launch shape (128 threads), for the occupancy of its clusters.
+__global__ void __launch_bounds__(128) decode_cluster_shape() {}
+
+// Whether `clusters` clusters of `size` blocks of 128 threads and `smem` bytes of shared memory
+// each are resident at once on the current device (cudaOccupancyMaxActiveClusters, once per
+// device and shape).
+bool clusters_resident(int device_id, int size, int smem, int64_t clusters) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int>, int> known;
+  const auto key = std::make_tuple(device_id, size, smem);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = known.find(key); it != known.end()) return clusters <= it->second;
+  }
+  int active = 0;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(size));
+  config.blockDim = dim3(128);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attribute[1] = {};
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = static_cast<unsigned>(size);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  if (cudaFuncSetAttribute(decode_cluster_shape, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+      (size > 8 &&
+       cudaFuncSetAttribute(decode_cluster_shape, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
+      cudaOccupancyMaxActiveClusters(&active, decode_cluster_shape, &config) != cudaSuccess) {
+    active = 0;
+    (void)cudaGetLastError();  // no clusters: the global-memory merge runs instead
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  known[key] = active;
+  return clusters <= active;
+}
+
+// Whether p's `splits` pieces merge in clusters, and the dynamic shared memory the kernel then takes
+// beyond its own (*extra_smem).
+bool decode_cluster(const AttentionParams& p, const char* variant, int splits, int* extra_smem) {
+  *extra_smem = 0;
+  const int setting = cluster_setting();
+  if (setting == 0 || variant[0] == '\0' || decode_block_m(p) != 16 || !merge_in_kernel(p) || splits < 2 ||
+      splits > kMaxClusterPieces)
+    return false;
+  const int64_t groups = p.batch * p.heads_kv * decode_row_tiles(p);
+  if (decode_row_tiles(p) != 1) return false;
+  const int smem = p.head_dim == 64 ? DecodeTraits<__half, 64, 16, true>::kSmemBytes
+                                    : DecodeTraits<__half, 128, 16, true>::kSmemBytes;
+  const int extra = setting == 2 && smem < kOneBlockPerSMBytes ? kOneBlockPerSMBytes - smem : 0;
+  if (!clusters_resident(p.device_id, splits, smem + extra, groups)) return false;
+  *extra_smem = extra;
+  return true;
+}
+
 // The device's DRAM bandwidth per SM in MB/s; 0 where it cannot be read (the rules then take an
 // H100's choices).
 int bandwidth_per_sm(int device_id) {
@@ -198,7 +274,8 @@ Status launch(const AttentionParams& p, const char* variant, const DecodeSplit& 
   launch.decode = &split;
   if (variant[0] != '\0') {
     const Status tma = run_forward(Backend::kDecode, variant, p, launch);
-    if (tma.code() != StatusCode::kNotSupported) return tma;  // else the driver refused the tensor maps
+    // NotSupported: the driver refused the tensor maps; a cluster's caller then merges otherwise.
+    if (tma.code() != StatusCode::kNotSupported || split.cluster) return tma;
   }
   return run_forward(Backend::kDecode, "", p, launch);
 }
@@ -242,6 +319,12 @@ Status decode_plan(const AttentionParams& p, ForwardPlan* plan) {
   const char* variant = decode_variant(p);
   if (Status st = device_splits(p, variant, &plan->num_splits); !st.ok()) return st;
   plan->merge = plan->num_splits == 1 ? "" : (merge_in_kernel(p) ? "in-kernel" : "combine-kernel");
+  if (plan->num_splits > 1) {
+    DeviceGuard guard(p.device_id);
+    if (!guard.status().ok()) return guard.status();
+    int extra_smem = 0;
+    if (decode_cluster(p, variant, plan->num_splits, &extra_smem)) plan->merge = "cluster";
+  }
   return plan_kernel(Backend::kDecode, variant, p, plan);
 }
 
@@ -253,6 +336,13 @@ Status decode_forward(const AttentionParams& p, void* stream) {
   const char* variant = decode_variant(p);
   if (Status st = device_splits(p, variant, &split.num_splits); !st.ok()) return st;
   if (split.num_splits == 1) return launch(p, variant, split, s);
+  if (decode_cluster(p, variant, split.num_splits, &split.extra_smem)) {
+    split.cluster = true;
+    const Status clustered = launch(p, variant, split, s);
+    if (clustered.code() != StatusCode::kNotSupported) return clustered;
+    split.cluster = false;  // the tensor maps were refused: the pieces go through global memory
+    split.extra_smem = 0;
+  }
 
   // Pieces: O (fp32) [split][b][i][h][d] and LSE [split][b][h][i]. Under a wave, splits x blocks
   // <= 2 x SMs, so at most 2 x SMs x 64 rows (8.7 MB at head dim 128 on an H100); past it (16-row

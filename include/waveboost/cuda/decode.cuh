@@ -69,6 +69,9 @@ struct DecodeTraits {
   // Epilogue: each warp's O (fp32) per row, padded by 8 floats against bank conflicts.
   static constexpr int kOStride = kHeadDim + 8;
   static constexpr int kEpilogueBytes = kWarpsN * kBlockM * kOStride * 4 + 2 * kWarpsN * kBlockM * 4;
+  // A cluster's piece (DecodeSplit::cluster) after the epilogue's tiles: O [kBlockM][kHeadDim] and
+  // the LSE per row (fp32), read by the cluster's other blocks.
+  static constexpr int kPieceBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
   // TMA: the K/V stages start at a 1024 B boundary (the 128 B swizzle's period), then a barrier per stage.
   static constexpr int kKVBytes = kStages * 2 * kTileBytes;
   static constexpr int kSmemBytes = kQBytes + kKVBytes + (kTma ? 1024 + kStages * 8 : 0);
@@ -80,7 +83,8 @@ struct DecodeTraits {
   static_assert(kWarpKeys % 16 == 0, "a warp scores whole k16 slices of keys");
   static_assert(kChunksPerRow >= 8 && kRowsPerCopyPass % 8 == 0, "swizzle period");
   static_assert(kBlockN % kRowsPerCopyPass == 0 && kBlockM % kRowsPerCopyPass == 0, "whole copy passes");
-  static_assert(kEpilogueBytes <= kKVBytes, "the epilogue reuses the K/V stages");
+  static_assert(kEpilogueBytes + kPieceBytes <= kKVBytes, "the epilogue and a cluster's piece reuse the K/V stages");
+  static_assert(kEpilogueBytes % 16 == 0, "the piece's O quads are 16 B aligned");
 };
 
 /// \brief Split-KV pieces of the decode kernel: with num_splits > 1, piece s of each block's keys
@@ -89,12 +93,17 @@ struct DecodeTraits {
 /// tile of each (sequence, kv head), [b][h_kv][row tile], all 0 at launch (the launcher clears
 /// them in the kernel's stream); the piece that brings a counter to the number of pieces merges
 /// them into out. Without it every piece is written, empty ones as O = 0, LSE = -inf, and the
-/// caller runs core::combine.
+/// caller runs core::combine. With `cluster` (the TMA kernel, 16-row tiles: one row tile per
+/// (sequence, kv head)), the num_splits pieces of a (sequence, kv head) run as one thread block
+/// cluster of num_splits blocks and merge through distributed shared memory (decode::merge_cluster):
+/// no workspace, no counters.
 struct DecodeSplit {
   int num_splits = 1;
   float* o_accum = nullptr;
   float* lse_accum = nullptr;
   int* arrivals = nullptr;
+  bool cluster = false;
+  int extra_smem = 0;  // bytes of dynamic shared memory beyond the kernel's (blocks per SM, measured)
 };
 
 /// \brief Rows of the TMA decode kernel's K/V boxes (its tensor maps and its loads): a key tile, or
@@ -274,6 +283,75 @@ __device__ __forceinline__ void merge_pieces(const AttentionParams& p, const Dec
   }
 }
 
+// The merge of a cluster's pieces (DecodeSplit::cluster): each block of the cluster left its piece's
+// normalized O and LSE at the same offsets of its own shared memory (o_piece, lse_piece: this
+// block's addresses), visible after a cluster barrier. The (live row, four columns) items are dealt
+// over every thread of the cluster; each reads the pieces' LSEs and O quads of its item from the
+// cluster's blocks and merges them as merge_items does (a -inf LSE weighs 0, a NaN one makes the row
+// NaN). The caller keeps its shared memory until every block is done (a second cluster barrier).
+template <typename Traits>
+__device__ __forceinline__ void merge_cluster(const AttentionParams& p, const core::SequenceInfo& seq, int b,
+                                              int h_kv, int row0, int live_rows, int pieces, uint32_t o_piece,
+                                              uint32_t lse_piece) {
+  using Element = typename Traits::Element;
+  constexpr int D = Traits::kHeadDim;
+  constexpr int kQuads = D / 4;
+  constexpr int kMaxPieces = 16;  // the cluster's size, at most (non-portable past 8)
+  const int group = static_cast<int>(p.heads / p.heads_kv);
+  const int items = live_rows * kQuads;
+  const int stride = pieces * Traits::kThreads;
+  for (int item = static_cast<int>(tma::cluster_rank()) * Traits::kThreads + static_cast<int>(threadIdx.x);
+       item < items; item += stride) {
+    const int r = item / kQuads, quad = item % kQuads;
+    // The LSEs first, then the O quads kChunk pieces at a time, each chunk's loads issued together.
+    constexpr int kChunk = 4;
+    float l[kMaxPieces];
+#pragma unroll
+    for (int u = 0; u < kMaxPieces; ++u)
+      l[u] = u < pieces ? tma::cluster_load(tma::cluster_address(lse_piece + 4 * r, u)) : -INFINITY;
+    float max = -INFINITY;
+    bool nan = false;
+#pragma unroll
+    for (int u = 0; u < kMaxPieces; ++u) {
+      nan |= isnan(l[u]);
+      max = fmaxf(max, l[u]);  // fmaxf passes over NaN
+    }
+    float sum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    const uint32_t o_item = o_piece + 4 * (r * D + quad * 4);
+#pragma unroll
+    for (int u0 = 0; u0 < kMaxPieces; u0 += kChunk) {
+      if (u0 >= pieces) break;
+      float4 o[kChunk];
+#pragma unroll
+      for (int u = 0; u < kChunk; ++u)
+        o[u] = u0 + u < pieces ? tma::cluster_load4(tma::cluster_address(o_item, u0 + u)) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < kChunk; ++u) {
+        // -inf (no key seen) and NaN LSEs weigh 0, and their O is never multiplied in.
+        const float w = l[u0 + u] > -INFINITY ? expf(l[u0 + u] - max) : 0.f;
+        if (w != 0.f) {
+          sum += w;
+          acc.x += w * o[u].x;
+          acc.y += w * o[u].y;
+          acc.z += w * o[u].z;
+          acc.w += w * o[u].w;
+        }
+      }
+    }
+    const bool empty = max == -INFINITY;
+    const float inv = nan || empty ? 0.f : 1.f / sum;
+    float4 out = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    if (nan) out = make_float4(NAN, NAN, NAN, NAN);
+    const int row = row0 + r;
+    const int i = row / group, h = h_kv * group + row % group;
+    Element* dst = static_cast<Element*>(p.out) + seq.o_offset(p, b, i, h) + quad * 4;
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_pair<Element>(out.x, out.y), pack_pair<Element>(out.z, out.w));
+    if (p.lse != nullptr && quad == 0)
+      p.lse[seq.lse_offset(p, b, i, h)] = nan ? NAN : (empty ? -INFINITY : max + logf(sum));
+  }
+}
+
 template <typename Traits>
 __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSplit& split, const CUtensorMap* k_map,
                                        const CUtensorMap* v_map) {
@@ -330,8 +408,12 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
   // The key tiles are dealt evenly over min(num_splits, key_tiles) pieces (one, empty, when no
   // key is seen): pieces differ by one tile at most, and splits past them hold nothing.
   const int pieces = key_tiles < split.num_splits ? (key_tiles > 0 ? key_tiles : 1) : split.num_splits;
-  const bool merge_here = split.arrivals != nullptr;
-  if (merge_here && split_index >= pieces) return;  // nothing to read, nothing to merge
+  // A cluster's pieces merge through its shared memory: every block of the cluster takes part in
+  // its barriers (those past the pieces with no keys: an empty piece), unless one piece holds every
+  // key (the cluster's blocks all see that and skip the merge).
+  const bool in_cluster = Traits::kTma && kBlockM == 16 && split.cluster;
+  const bool merge_here = split.arrivals != nullptr || in_cluster;
+  if (merge_here && split_index >= pieces && (!in_cluster || pieces == 1)) return;  // nothing to read or merge
   // Piece s starts at tile s x key_tiles / pieces; (s + 1) x key_tiles <= 128 x 2^25 fits 32 unsigned bits.
   const auto piece_start = [&](int s) { return static_cast<int>(uint32_t(s) * uint32_t(key_tiles) / uint32_t(pieces)); };
   const int tile_begin = split_index < pieces ? piece_start(split_index) : key_tiles;
@@ -622,6 +704,8 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
 
   // 8 columns per thread per pass: one 16 B store of the output, or two of the fp32 piece.
   constexpr int kColGroups = D / 8;
+  float* piece_o = reinterpret_cast<float*>(smem_raw + Traits::kQBytes + Traits::kEpilogueBytes);
+  float* piece_lse = piece_o + kBlockM * D;
   for (int idx = tid; idx < kBlockM * kColGroups; idx += Traits::kThreads) {
     const int r = idx / kColGroups;
     const int c = (idx % kColGroups) * 8;
@@ -640,7 +724,11 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
     }
     const int i = row / group;
     const int h = h_kv * group + row % group;
-    if (!write_out) {
+    if (!write_out && in_cluster) {
+      float* dst = piece_o + r * D + c;
+      *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    } else if (!write_out) {
       float* dst = split.o_accum + (((split_index * p.batch + b) * p.seqlen_q + i) * p.heads + h) * D + c;
       *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
       *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
@@ -657,13 +745,24 @@ __device__ __forceinline__ void attend(const AttentionParams& p, const DecodeSpl
     const float row_lse = merge_warps<Traits>(m_smem, l_smem, r).lse();
     const int i = row / group;
     const int h = h_kv * group + row % group;
-    if (!write_out) {
+    if (!write_out && in_cluster) {
+      piece_lse[r] = row_lse;
+    } else if (!write_out) {
       split.lse_accum[((split_index * p.batch + b) * p.heads + h) * p.seqlen_q + i] = row_lse;
     } else if (p.lse != nullptr) {
       p.lse[seq.lse_offset(p, b, i, h)] = row_lse;
     }
   }
   if (write_out || !merge_here) return;
+  if constexpr (Traits::kTma && kBlockM == 16) {
+    if (in_cluster) {
+      tma::cluster_sync();  // every piece is in its block's shared memory
+      merge_cluster<Traits>(p, seq, b, h_kv, row0, rows - row0 < kBlockM ? rows - row0 : kBlockM, split.num_splits,
+                            mma::shared_address(piece_o), mma::shared_address(piece_lse));
+      tma::cluster_sync();  // no block leaves while another may read its piece
+      return;
+    }
+  }
 
   // ---- Arrival: the last piece of this row tile to finish merges them all ----
   // The block's piece stores are ordered before thread 0's fence by the barrier, and the fence
@@ -737,19 +836,33 @@ Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, 
                              decode_l2_promotion(p.device_id)))
       return Status::NotSupported("TMA cannot describe k or v (strides must be positive multiples of 16 bytes)");
     const auto kernel = decode_tma_kernel<Traits>;
-    WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+    const int smem = Traits::kSmemBytes + split.extra_smem;
+    WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     // Programmatic stream serialization: the kernel's setup overlaps the tail of the kernel ahead
     // of it (it waits for that kernel before touching global memory: tma::grid_dependency_wait).
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(static_cast<unsigned>(blocks));
     config.blockDim = dim3(Traits::kThreads);
-    config.dynamicSmemBytes = Traits::kSmemBytes;
+    config.dynamicSmemBytes = smem;
     config.stream = stream;
-    cudaLaunchAttribute attribute[1] = {};
+    cudaLaunchAttribute attribute[2] = {};
     attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute[0].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = attribute;
     config.numAttrs = 1;
+    if (split.cluster) {
+      // The pieces of a (sequence, kv head) are consecutive blocks (one row tile, the splits next):
+      // one cluster each.
+      if (row_tiles != 1 || split.num_splits < 2 || split.num_splits > 16)
+        return Status::NotSupported("a decode cluster holds the 2-16 pieces of one row tile");
+      if (split.num_splits > 8)
+        WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      attribute[1].id = cudaLaunchAttributeClusterDimension;
+      attribute[1].val.clusterDim.x = static_cast<unsigned>(split.num_splits);
+      attribute[1].val.clusterDim.y = 1;
+      attribute[1].val.clusterDim.z = 1;
+      config.numAttrs = 2;
+    }
     return cuda_status(cudaLaunchKernelEx(&config, kernel, p, split, k_map, v_map), "decode_tma_kernel launch");
   } else {
     const auto kernel = decode_kernel<Traits>;
