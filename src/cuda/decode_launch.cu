@@ -159,10 +159,15 @@ int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_p
 // head) of 16-row tiles merges them through each cluster's shared memory where every cluster of the
 // grid is resident at once (clusters_resident: the grids of one wave above); else through global
 // memory as above (benchmarks/NOTES.md, "Decode: the pieces of one wave merged through a thread block
-// cluster"). WAVEBOOST_DECODE_CLUSTER (read per call, to measure it): 0 never, 2 with the shared
-// memory raised to one block per SM.
+// cluster"). The hardware may place two blocks of a cluster on one SM, which then streams twice the
+// keys: where the clusters are resident with one block per SM, the launch asks for that much shared
+// memory (kOneBlockPerSMBytes); else only pieces of at most kClusterSharedSMTiles key tiles take
+// clusters (an H200 at batch 1 x 32k, 16 pieces of 32 tiles in clusters of 16: 0.89x the global merge;
+// 1.02-1.28x at 2-16 tiles). WAVEBOOST_DECODE_CLUSTER (read per call, to measure it): 0 never, 2 on
+// the kernel's own shared memory wherever resident, whatever the pieces' length.
 constexpr int kMaxClusterPieces = 16;  // 9-16 non-portable
 constexpr int kOneBlockPerSMBytes = 120 * 1024;
+constexpr int64_t kClusterSharedSMTiles = 16;
 
 int cluster_setting() {
   const char* v = std::getenv("WAVEBOOST_DECODE_CLUSTER");
@@ -221,9 +226,13 @@ bool decode_cluster(const AttentionParams& p, const char* variant, int splits, i
   if (decode_row_tiles(p) != 1) return false;
   const int smem = p.head_dim == 64 ? DecodeTraits<__half, 64, 16, true>::kSmemBytes
                                     : DecodeTraits<__half, 128, 16, true>::kSmemBytes;
-  const int extra = setting == 2 && smem < kOneBlockPerSMBytes ? kOneBlockPerSMBytes - smem : 0;
-  if (!clusters_resident(p.device_id, splits, smem + extra, groups)) return false;
-  *extra_smem = extra;
+  if (setting == 1 && smem < kOneBlockPerSMBytes && clusters_resident(p.device_id, splits, kOneBlockPerSMBytes, groups)) {
+    *extra_smem = kOneBlockPerSMBytes - smem;
+    return true;
+  }
+  const int64_t piece_tiles = (decode_key_tiles(p) + splits - 1) / splits;
+  if (setting == 1 && piece_tiles > kClusterSharedSMTiles) return false;
+  if (!clusters_resident(p.device_id, splits, smem, groups)) return false;
   return true;
 }
 
