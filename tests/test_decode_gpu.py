@@ -126,9 +126,9 @@ def test_split_and_unsplit_grids(b, heads, heads_kv, lk):
 # wave runs each (sequence, kv head)'s pieces as a thread block cluster that merges them through its
 # shared memory; WAVEBOOST_DECODE_CLUSTER (read per call) 0 merges through global memory instead, 2
 # takes clusters wherever they are resident, whatever the pieces' length. On an H200 the cases below take
-# clusters of 16 (non-portable), 16, 8 (pages of 16: two blocks per SM, pieces of 10 tiles), 5, 2 and 2
-# blocks (the last two with one block per SM); pieces past a short sequence's tiles are empty, lengths 0
-# and 1 take one piece.
+# clusters of 8 (16 pieces recut into 8), 8 (likewise), 8 (pages of 16: two blocks per SM, pieces of 10
+# tiles), 5, 2 and 2 blocks (the last two with one block per SM); pieces past a short sequence's tiles
+# are empty, lengths 0 and 1 take one piece.
 @pytest.mark.parametrize("b,heads,heads_kv,d,lq,causal,lengths,page_size", [
     (1, 32, 8, 128, 1, False, [2048], None),
     (2, 16, 4, 64, 4, True, [3001, 0], None),
@@ -187,7 +187,8 @@ def test_grid_just_past_one_wave_splits_its_last_wave():
 # Split pieces: 16-row tiles are merged inside the decode kernel (the last piece of a row tile to
 # finish merges them), 32- and 64-row tiles by the combine kernel. On an H100 (132 SMs) one sequence of
 # 16-row tiles splits into up to 132 / kv heads pieces (16 at 8 kv heads, the cap of 128 at 1); key
-# tiles are 64 keys at head dim 128, 128 at 64.
+# tiles are 64 keys at head dim 128, 128 at 64. On sm_90 (the TMA kernel) calls of 9-16 pieces and at
+# most 64 key tiles are recut into 8 pieces merged in a cluster (test_cluster_merge_matches_the_reference).
 @pytest.mark.parametrize("heads,heads_kv,d,lq,lk,causal", [
     (32, 8, 128, 1, 64 * 16, False),      # as many tiles as pieces: every piece one tile
     (32, 8, 128, 1, 64 * 16 - 5, False),  # the same with a partial last tile

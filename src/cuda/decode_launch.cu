@@ -155,7 +155,7 @@ int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_p
   return splits == 1 ? splits_for_last_wave(p, multiprocessors, tile_boxes) : splits;
 }
 
-// Clusters (DecodeSplit::cluster): a split call on the TMA kernel with 2-16 pieces per (sequence, kv
+// Clusters (DecodeSplit::cluster): a split call on the TMA kernel with 2-8 pieces per (sequence, kv
 // head) of 16-row tiles merges them through each cluster's shared memory where every cluster of the
 // grid is resident at once (clusters_resident: the grids of one wave above); else through global
 // memory as above (benchmarks/NOTES.md, "Decode: the pieces of one wave merged through a thread block
@@ -163,11 +163,17 @@ int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_p
 // keys: where the clusters are resident with one block per SM, the launch asks for that much shared
 // memory (kOneBlockPerSMBytes); else only pieces of at most kClusterSharedSMTiles key tiles take
 // clusters (an H200 at batch 1 x 32k, 16 pieces of 32 tiles in clusters of 16: 0.89x the global merge;
-// 1.02-1.28x at 2-16 tiles). WAVEBOOST_DECODE_CLUSTER (read per call, to measure it): 0 never, 2 on
-// the kernel's own shared memory wherever resident, whatever the pieces' length.
-constexpr int kMaxClusterPieces = 16;  // 9-16 non-portable
+// 1.02-1.28x at 2-16 tiles). Calls cut into 9-16 pieces whose keys fit 8 pieces of at most
+// kClusterRecutTiles tiles take 8 in clusters of 8 instead (H200, batch 1 x 2k at 32/8 heads: 1.20x the
+// 16 pieces merged through global memory, 1.10x in clusters of 16; 1.00 at 1 x 8k, 16 tiles a piece).
+// Clusters stay within the portable 8 blocks: compute-sanitizer's synccheck reported the clusters of
+// 16 (a missing wait at the first arrival on a stage's barrier), those of 2-8 not.
+// WAVEBOOST_DECODE_CLUSTER (read per call, to measure it): 0 never, 2 on the kernel's own shared
+// memory wherever resident, whatever the pieces' length.
+constexpr int kMaxClusterPieces = 8;
 constexpr int kOneBlockPerSMBytes = 120 * 1024;
 constexpr int64_t kClusterSharedSMTiles = 16;
+constexpr int64_t kClusterRecutTiles = 8;
 
 int cluster_setting() {
   const char* v = std::getenv("WAVEBOOST_DECODE_CLUSTER");
@@ -216,9 +222,13 @@ bool clusters_resident(int device_id, int size, int smem, int64_t clusters) {
 
 // Whether p's `splits` pieces merge in clusters, and the dynamic shared memory the kernel then takes
 // beyond its own (*extra_smem).
-bool decode_cluster(const AttentionParams& p, const char* variant, int splits, int* extra_smem) {
+bool decode_cluster(const AttentionParams& p, const char* variant, int* splits_inout, int* extra_smem) {
   *extra_smem = 0;
   const int setting = cluster_setting();
+  int splits = *splits_inout;
+  if (splits > kMaxClusterPieces && splits <= 2 * kMaxClusterPieces &&
+      decode_key_tiles(p) <= kMaxClusterPieces * kClusterRecutTiles)
+    splits = kMaxClusterPieces;
   if (setting == 0 || variant[0] == '\0' || decode_block_m(p) != 16 || !merge_in_kernel(p) || splits < 2 ||
       splits > kMaxClusterPieces)
     return false;
@@ -228,11 +238,13 @@ bool decode_cluster(const AttentionParams& p, const char* variant, int splits, i
                                     : DecodeTraits<__half, 128, 16, true>::kSmemBytes;
   if (setting == 1 && smem < kOneBlockPerSMBytes && clusters_resident(p.device_id, splits, kOneBlockPerSMBytes, groups)) {
     *extra_smem = kOneBlockPerSMBytes - smem;
+    *splits_inout = splits;
     return true;
   }
   const int64_t piece_tiles = (decode_key_tiles(p) + splits - 1) / splits;
   if (setting == 1 && piece_tiles > kClusterSharedSMTiles) return false;
   if (!clusters_resident(p.device_id, splits, smem, groups)) return false;
+  *splits_inout = splits;
   return true;
 }
 
@@ -332,7 +344,7 @@ Status decode_plan(const AttentionParams& p, ForwardPlan* plan) {
     DeviceGuard guard(p.device_id);
     if (!guard.status().ok()) return guard.status();
     int extra_smem = 0;
-    if (decode_cluster(p, variant, plan->num_splits, &extra_smem)) plan->merge = "cluster";
+    if (decode_cluster(p, variant, &plan->num_splits, &extra_smem)) plan->merge = "cluster";
   }
   return plan_kernel(Backend::kDecode, variant, p, plan);
 }
@@ -345,12 +357,14 @@ Status decode_forward(const AttentionParams& p, void* stream) {
   const char* variant = decode_variant(p);
   if (Status st = device_splits(p, variant, &split.num_splits); !st.ok()) return st;
   if (split.num_splits == 1) return launch(p, variant, split, s);
-  if (decode_cluster(p, variant, split.num_splits, &split.extra_smem)) {
+  const int unclustered = split.num_splits;
+  if (decode_cluster(p, variant, &split.num_splits, &split.extra_smem)) {
     split.cluster = true;
     const Status clustered = launch(p, variant, split, s);
     if (clustered.code() != StatusCode::kNotSupported) return clustered;
     split.cluster = false;  // the tensor maps were refused: the pieces go through global memory
     split.extra_smem = 0;
+    split.num_splits = unclustered;
   }
 
   // Pieces: O (fp32) [split][b][i][h][d] and LSE [split][b][h][i]. Under a wave, splits x blocks

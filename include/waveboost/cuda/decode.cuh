@@ -94,7 +94,7 @@ struct DecodeTraits {
 /// them in the kernel's stream); the piece that brings a counter to the number of pieces merges
 /// them into out. Without it every piece is written, empty ones as O = 0, LSE = -inf, and the
 /// caller runs core::combine. With `cluster` (the TMA kernel, 16-row tiles: one row tile per
-/// (sequence, kv head)), the num_splits pieces of a (sequence, kv head) run as one thread block
+/// (sequence, kv head)), the num_splits (2-8) pieces of a (sequence, kv head) run as one thread block
 /// cluster of num_splits blocks and merge through distributed shared memory (decode::merge_cluster):
 /// no workspace, no counters.
 struct DecodeSplit {
@@ -289,6 +289,7 @@ __device__ __forceinline__ void merge_pieces(const AttentionParams& p, const Dec
 // over every thread of the cluster; each reads the pieces' LSEs and O quads of its item from the
 // cluster's blocks and merges them as merge_items does (a -inf LSE weighs 0, a NaN one makes the row
 // NaN). The caller keeps its shared memory until every block is done (a second cluster barrier).
+constexpr int kMaxClusterPieces = 8;  // the portable cluster size
 template <typename Traits>
 __device__ __forceinline__ void merge_cluster(const AttentionParams& p, const core::SequenceInfo& seq, int b,
                                               int h_kv, int row0, int live_rows, int pieces, uint32_t o_piece,
@@ -296,7 +297,6 @@ __device__ __forceinline__ void merge_cluster(const AttentionParams& p, const co
   using Element = typename Traits::Element;
   constexpr int D = Traits::kHeadDim;
   constexpr int kQuads = D / 4;
-  constexpr int kMaxPieces = 16;  // the cluster's size, at most (non-portable past 8)
   const int group = static_cast<int>(p.heads / p.heads_kv);
   const int items = live_rows * kQuads;
   const int stride = pieces * Traits::kThreads;
@@ -305,14 +305,14 @@ __device__ __forceinline__ void merge_cluster(const AttentionParams& p, const co
     const int r = item / kQuads, quad = item % kQuads;
     // The LSEs first, then the O quads kChunk pieces at a time, each chunk's loads issued together.
     constexpr int kChunk = 4;
-    float l[kMaxPieces];
+    float l[kMaxClusterPieces];
 #pragma unroll
-    for (int u = 0; u < kMaxPieces; ++u)
+    for (int u = 0; u < kMaxClusterPieces; ++u)
       l[u] = u < pieces ? tma::cluster_load(tma::cluster_address(lse_piece + 4 * r, u)) : -INFINITY;
     float max = -INFINITY;
     bool nan = false;
 #pragma unroll
-    for (int u = 0; u < kMaxPieces; ++u) {
+    for (int u = 0; u < kMaxClusterPieces; ++u) {
       nan |= isnan(l[u]);
       max = fmaxf(max, l[u]);  // fmaxf passes over NaN
     }
@@ -320,7 +320,7 @@ __device__ __forceinline__ void merge_cluster(const AttentionParams& p, const co
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     const uint32_t o_item = o_piece + 4 * (r * D + quad * 4);
 #pragma unroll
-    for (int u0 = 0; u0 < kMaxPieces; u0 += kChunk) {
+    for (int u0 = 0; u0 < kMaxClusterPieces; u0 += kChunk) {
       if (u0 >= pieces) break;
       float4 o[kChunk];
 #pragma unroll
@@ -853,10 +853,8 @@ Status launch_decode_kernel(const AttentionParams& p, const DecodeSplit& split, 
     if (split.cluster) {
       // The pieces of a (sequence, kv head) are consecutive blocks (one row tile, the splits next):
       // one cluster each.
-      if (row_tiles != 1 || split.num_splits < 2 || split.num_splits > 16)
-        return Status::NotSupported("a decode cluster holds the 2-16 pieces of one row tile");
-      if (split.num_splits > 8)
-        WAVEBOOST_CUDA_RETURN(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      if (row_tiles != 1 || split.num_splits < 2 || split.num_splits > decode::kMaxClusterPieces)
+        return Status::NotSupported("a decode cluster holds the 2-8 pieces of one row tile");
       attribute[1].id = cudaLaunchAttributeClusterDimension;
       attribute[1].val.clusterDim.x = static_cast<unsigned>(split.num_splits);
       attribute[1].val.clusterDim.y = 1;
