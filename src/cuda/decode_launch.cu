@@ -1,7 +1,8 @@
 // Backend "decode": can_implement, the number of split-KV pieces, the workspace, and the
 // launch of the decode kernel (include/waveboost/cuda/decode.cuh) through the kernel registry;
-// the kernel merges the split pieces of 16-row tiles itself, those of 32- and 64-row tiles go to the
-// combine of include/waveboost/cuda/core/combine.cuh. On sm_90, dense and paged caches stream by TMA
+// the kernel merges the split pieces of 16-row tiles itself (through global memory, or on sm_90 through
+// a thread block cluster's shared memory), those of 32- and 64-row tiles go to the combine of
+// include/waveboost/cuda/core/combine.cuh. On sm_90, dense and paged caches stream by TMA
 // (decode_variant).
 #include <cmath>
 #include <cstdint>

@@ -17,7 +17,8 @@
 // Keys are cut into num_splits pieces (flash-decoding) when batch x kv heads leaves SMs idle:
 // each piece writes O / l (fp32) and its LSE to a workspace, and the pieces are merged through
 // their LSEs, either inside this kernel (the last piece of a row tile to finish merges them, see
-// merge_pieces) or by core::combine afterwards. The pieces are cut from each sequence's own
+// merge_pieces; on sm_90 the pieces of a (sequence, kv head) may instead run as one thread block
+// cluster and merge through its shared memory, see merge_cluster) or by core::combine afterwards. The pieces are cut from each sequence's own
 // length, read on the device (seqused_k, cu_seqlens), so nothing is read on the host and the
 // launch shape depends only on the shapes.
 #pragma once
