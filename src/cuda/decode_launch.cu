@@ -171,7 +171,7 @@ int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_p
 // 16 (a missing wait at the first arrival on a stage's barrier), those of 2-8 not.
 // WAVEBOOST_DECODE_CLUSTER (read per call, to measure it): 0 never, 2 on the kernel's own shared
 // memory wherever resident, whatever the pieces' length.
-constexpr int kMaxClusterPieces = 8;
+constexpr int kMaxClusterPieces = decode::kMaxClusterPieces;
 constexpr int kOneBlockPerSMBytes = 120 * 1024;
 constexpr int64_t kClusterSharedSMTiles = 16;
 constexpr int64_t kClusterRecutTiles = 8;
@@ -210,8 +210,6 @@ bool clusters_resident(int device_id, int size, int smem, int64_t clusters) {
   config.attrs = attribute;
   config.numAttrs = 1;
   if (cudaFuncSetAttribute(decode_cluster_shape, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
-      (size > 8 &&
-       cudaFuncSetAttribute(decode_cluster_shape, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
       cudaOccupancyMaxActiveClusters(&active, decode_cluster_shape, &config) != cudaSuccess) {
     active = 0;
     (void)cudaGetLastError();  // no clusters: the global-memory merge runs instead
@@ -233,8 +231,8 @@ bool decode_cluster(const AttentionParams& p, const char* variant, int* splits_i
   if (setting == 0 || variant[0] == '\0' || decode_block_m(p) != 16 || !merge_in_kernel(p) || splits < 2 ||
       splits > kMaxClusterPieces)
     return false;
-  const int64_t groups = p.batch * p.heads_kv * decode_row_tiles(p);
-  if (decode_row_tiles(p) != 1) return false;
+  if (decode_row_tiles(p) != 1) return false;  // one cluster per (sequence, kv head)
+  const int64_t groups = p.batch * p.heads_kv;
   const int smem = p.head_dim == 64 ? DecodeTraits<__half, 64, 16, true>::kSmemBytes
                                     : DecodeTraits<__half, 128, 16, true>::kSmemBytes;
   if (setting == 1 && smem < kOneBlockPerSMBytes && clusters_resident(p.device_id, splits, kOneBlockPerSMBytes, groups)) {
