@@ -158,6 +158,22 @@ __device__ __forceinline__ void copy_row_chunk(uint32_t smem_addr, const void* g
                : "memory");
 }
 
+// Writes one merged item, columns 4 quad .. 4 quad + 3 of query row i and head h, to out (and its
+// row's LSE from the item of quad 0): acc / sum of the pieces folded against their largest LSE max; a
+// row that no piece saw a key of (max -inf) is zeros with LSE -inf, one with a NaN LSE is NaN.
+template <typename Element>
+__device__ __forceinline__ void write_merged_item(const AttentionParams& p, const core::SequenceInfo& seq, int64_t b,
+                                                  int i, int h, int quad, float4 acc, float max, float sum,
+                                                  bool nan) {
+  const bool empty = max == -INFINITY;
+  const float inv = nan || empty ? 0.f : 1.f / sum;
+  float4 out = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  if (nan) out = make_float4(NAN, NAN, NAN, NAN);
+  Element* dst = static_cast<Element*>(p.out) + seq.o_offset(p, b, i, h) + quad * 4;
+  *reinterpret_cast<uint2*>(dst) = make_uint2(pack_pair<Element>(out.x, out.y), pack_pair<Element>(out.z, out.w));
+  if (p.lse != nullptr && quad == 0) p.lse[seq.lse_offset(p, b, i, h)] = nan ? NAN : (empty ? -INFINITY : max + logf(sum));
+}
+
 // The in-kernel merge of one row tile's pieces by the block that finished last, as core::combine
 // computes it: per row, with piece LSEs l_s and L = log sum_s exp(l_s), out = sum_s exp(l_s - L) O_s
 // and lse = L; a piece with l_s = -inf does not count (its O may be anything, NaN included), a row
@@ -255,16 +271,7 @@ __device__ __forceinline__ void merge_items(const AttentionParams& p, const Deco
       const int item = base + threadIdx.x % 32 + j * Traits::kThreads;
       const int row = static_cast<int>(row0) + item / kQuads;
       const int i = row / group, h = static_cast<int>(h_kv) * group + row % group;
-      const bool empty = run_max[j] == -INFINITY;
-      const float inv = nan[j] || empty ? 0.f : 1.f / run_sum[j];
-      float4 out = make_float4(acc[j].x * inv, acc[j].y * inv, acc[j].z * inv, acc[j].w * inv);
-      if (nan[j]) out = make_float4(NAN, NAN, NAN, NAN);
-      Element* dst = static_cast<Element*>(p.out) + seq.o_offset(p, b, i, h) + (item % kQuads) * 4;
-      *reinterpret_cast<uint2*>(dst) =
-          make_uint2(pack_pair<Element>(out.x, out.y), pack_pair<Element>(out.z, out.w));
-      if (p.lse != nullptr && item % kQuads == 0)
-        p.lse[seq.lse_offset(p, b, i, h)] =
-            nan[j] ? NAN : (empty ? -INFINITY : run_max[j] + logf(run_sum[j]));
+      write_merged_item<Element>(p, seq, b, i, h, item % kQuads, acc[j], run_max[j], run_sum[j], nan[j]);
     }
   }
 }
@@ -295,7 +302,6 @@ template <typename Traits>
 __device__ __forceinline__ void merge_cluster(const AttentionParams& p, const core::SequenceInfo& seq, int b,
                                               int h_kv, int row0, int live_rows, int pieces, uint32_t o_piece,
                                               uint32_t lse_piece) {
-  using Element = typename Traits::Element;
   constexpr int D = Traits::kHeadDim;
   constexpr int kQuads = D / 4;
   const int group = static_cast<int>(p.heads / p.heads_kv);
@@ -340,16 +346,9 @@ __device__ __forceinline__ void merge_cluster(const AttentionParams& p, const co
         }
       }
     }
-    const bool empty = max == -INFINITY;
-    const float inv = nan || empty ? 0.f : 1.f / sum;
-    float4 out = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-    if (nan) out = make_float4(NAN, NAN, NAN, NAN);
     const int row = row0 + r;
     const int i = row / group, h = h_kv * group + row % group;
-    Element* dst = static_cast<Element*>(p.out) + seq.o_offset(p, b, i, h) + quad * 4;
-    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_pair<Element>(out.x, out.y), pack_pair<Element>(out.z, out.w));
-    if (p.lse != nullptr && quad == 0)
-      p.lse[seq.lse_offset(p, b, i, h)] = nan ? NAN : (empty ? -INFINITY : max + logf(sum));
+    write_merged_item<typename Traits::Element>(p, seq, b, i, h, quad, acc, max, sum, nan);
   }
 }
 
