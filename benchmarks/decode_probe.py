@@ -1,9 +1,10 @@
 """Decode probe: GPU time per decode step of waveboost beside SDPA cuDNN, on the same shapes, by one method.
 
     python benchmarks/decode_probe.py [--impls wb_blhd,wb_bhld,sdpa_cudnn,amax] [--tag T] [--peak-gbs G]
-                                      [--shapes BxLxHxHKV,...] [--page-size P]
+                                      [--shapes BxLxHxHKV,...] [--page-size P] [--head-dim D] [--seqlen-q N]
 
-Prints one JSON line per shape (bf16, head dim 128, one query per sequence): microseconds per step and %
+Prints one JSON line per shape (bf16, head dim 128 or --head-dim, one query per sequence or --seqlen-q):
+microseconds per step and %
 of peak HBM bandwidth (K/V cache bytes / time) for
   wb_blhd     waveboost.attention_with_kvcache on a (batch, L, heads_kv, D) cache (the usual layout);
   wb_bhld     the same call on head-major (batch, heads_kv, L, D) storage viewed as (batch, L, heads_kv, D):
@@ -39,6 +40,9 @@ def main() -> None:
     ap.add_argument("--peak-gbs", type=float, default=None,
                     help="default: the suite's peak for this device (waveboost.bench.hardware.peak_bandwidth)")
     ap.add_argument("--page-size", type=int, default=0, help="wb_blhd on a paged cache of pages of this many keys")
+    ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128))
+    ap.add_argument("--seqlen-q", type=int, default=1,
+                    help="queries per sequence (over 1: causal, bottom-right, waveboost's layouts only)")
     ap.add_argument("--shapes", default="", help="batch x KV length x heads x kv heads, comma-separated "
                     "(default: " + ",".join("x".join(map(str, s)) for s in SHAPES) + ")")
     args = ap.parse_args()
@@ -48,22 +52,27 @@ def main() -> None:
     if peak is None:
         ap.error(f"no peak bandwidth known for {torch.cuda.get_device_name()!r}; give --peak-gbs")
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if args.seqlen_q > 1 and any(i in impls for i in ("sdpa_cudnn", "amax")):
+        ap.error("--seqlen-q over 1 times wb_blhd and wb_bhld only (SDPA's causal mask is top-left)")
+    causal = args.seqlen_q > 1
     for batch, keys, heads, heads_kv in shapes:
-        d = 128
+        d = args.head_dim
         kv_bytes = 2 * batch * keys * heads_kv * d * 2
         copies = min(STEPS, max(1, math.ceil(150e6 / kv_bytes)))
 
         def cache(*shape):
             return torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
-        q = cache(batch, 1, heads, d)
+        q = cache(batch, args.seqlen_q, heads, d)
         lengths = torch.full((batch,), keys, dtype=torch.int32, device="cuda")
         out = torch.empty_like(q)
         res = {"shape": [batch, keys, heads, heads_kv], "tag": args.tag}
+        if d != 128 or args.seqlen_q != 1:
+            res.update(head_dim=d, seqlen_q=args.seqlen_q)
         head_major = [(cache(batch, heads_kv, keys, d), cache(batch, heads_kv, keys, d)) for _ in range(copies)]
         if "wb_bhld" in impls:
             views = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in head_major]
             res["wb_bhld"] = _graph_step_us(
-                torch, lambda i: waveboost.attention_with_kvcache(q, *views[i % copies], lengths, out=out))
+                torch, lambda i: waveboost.attention_with_kvcache(q, *views[i % copies], lengths, causal=causal, out=out))
         if "sdpa_cudnn" in impls:
             from torch.nn.attention import SDPBackend, sdpa_kernel
             qh = q.transpose(1, 2)
@@ -78,7 +87,7 @@ def main() -> None:
             usual = [(cache(batch, keys, heads_kv, d), cache(batch, keys, heads_kv, d)) for _ in range(copies)]
             table = None
             if not args.page_size:
-                res["splits"] = waveboost.plan(q, usual[0][0], usual[0][1], backend="decode")["num_splits"]
+                res["splits"] = waveboost.plan(q, usual[0][0], usual[0][1], causal=causal, backend="decode")["num_splits"]
             else:
                 res["page_size"] = args.page_size
                 if keys % args.page_size:
@@ -87,7 +96,7 @@ def main() -> None:
                 usual, table = [(k, v) for k, v, _ in paged], paged[0][2]
                 del paged
             res["wb_blhd"] = _graph_step_us(torch, lambda i: waveboost.attention_with_kvcache(
-                q, *usual[i % copies], lengths, block_table=table, out=out))
+                q, *usual[i % copies], lengths, block_table=table, causal=causal, out=out))
             del usual
         for key in [k for k in res if isinstance(res[k], float)]:
             res[key + "_pct"] = round(100 * kv_bytes / res[key] / 1e3 / peak, 1)
