@@ -161,6 +161,36 @@ def test_gpu_merge(rng, dtype):
     np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_parts,head_dim", [(17, 128), (40, 64), (130, 128), (300, 256), (70, 260), (33, 6)],
+                         ids=["17p-d128", "40p-d64", "130p-d128", "300p-d256", "70p-d260", "33p-d6"])
+def test_gpu_merge_many_parts(rng, num_parts, head_dim):
+    # Past 16 parts (head dims up to 256, vector layouts) 2-8 warps share each row; d260 and d6 take
+    # the one-warp kernel. Rows with -inf parts (NaN outputs there), a row of only -inf parts (zeros,
+    # LSE -inf) and a row with a NaN LSE (NaN) in every case.
+    import torch
+
+    outs = rng.standard_normal((num_parts, 2, 5, 3, head_dim)).astype(np.float32)
+    lses = (rng.standard_normal((num_parts, 2, 3, 5)) * 3).astype(np.float32)
+    lses[1::3] = -np.inf
+    outs[1::3] = np.nan
+    lses[:, 1, 2, 4] = -np.inf
+    lses[num_parts // 2, 0, 1, 3] = np.nan
+    ref, ref_lse = merge_states_ref(outs, lses)
+    ref[0, 3, 1] = np.nan  # row (b 0, seq 3, head 1) had a NaN LSE
+    ref_lse[0, 1, 3] = np.nan
+    parts = torch.from_numpy(outs).cuda().to(torch.float16)
+    out = torch.full((2, 5, 3, head_dim), 7.0, dtype=torch.bfloat16, device="cuda")
+    _, lse = waveboost.merge_attention_states(parts, torch.from_numpy(lses).cuda(), out=out)
+    got = out.double().cpu().numpy()
+    ref_half, _ = merge_states_ref(parts.double().cpu().numpy(), lses)
+    ref_half[0, 3, 1] = np.nan
+    assert np.isnan(got[0, 3, 1]).all() and np.isnan(lse[0, 1, 3].item())
+    assert (got[1, 4, 2] == 0).all() and lse[1, 2, 4].item() == -np.inf
+    np.testing.assert_allclose(got, ref_half, rtol=1.6e-2, atol=1.6e-2)
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, rtol=1e-5, atol=1e-5)
+
+
 def test_jax_merge_under_jit(rng):
     jax = pytest.importorskip("jax")
     wbj = pytest.importorskip("waveboost.jax")

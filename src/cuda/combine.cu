@@ -27,6 +27,17 @@ Status launch_typed(const CombineParams& p, cudaStream_t stream) {
                       aligned_to(p.out, 4 * sizeof(OutT)) &&
                       ((p.part_stride | p.part_batch_stride | p.part_row_stride | p.part_head_stride |
                         p.o_batch_stride | p.o_row_stride | p.o_head_stride) & 3) == 0;
+  if (vector && p.num_parts > kManyParts && p.head_dim <= kManyMaxDim) {
+    // 2-8 warps per row, each with at most kManyParts parts where 8 warps allow.
+    int warps_per_row = 2;
+    while (warps_per_row < 8 && int64_t{warps_per_row} * kManyParts < p.num_parts) warps_per_row *= 2;
+    const int64_t rows_per_block = kThreads / kGroup / warps_per_row;
+    const int64_t many_blocks = (rows + rows_per_block - 1) / rows_per_block;
+    if (many_blocks <= INT32_MAX) {
+      combine_many_kernel<PartT, OutT><<<static_cast<unsigned>(many_blocks), kThreads, 0, stream>>>(p, warps_per_row);
+      return cuda_status(cudaGetLastError(), "combine_many_kernel launch");
+    }
+  }
   const auto kernel = vector ? combine_kernel<PartT, OutT, true> : combine_kernel<PartT, OutT, false>;
   kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
   return cuda_status(cudaGetLastError(), "combine_kernel launch");

@@ -248,6 +248,12 @@ def serving_calls(g):
     lses[0] = float("-inf")
     calls.append(("merge_attention_states", lambda: waveboost.merge_attention_states(
         outs, lses, out=torch.empty(2, 5, 4, 64, device="cuda", dtype=bf))))
+    # 40 parts: four warps share each row (core::combine_many_kernel); a row of only -inf parts.
+    outs40, lses40 = mk(40, 2, 3, 5, 128, dtype=torch.float32), mk(40, 2, 5, 3, dtype=torch.float32)
+    lses40[::3] = float("-inf")
+    lses40[:, 1, 4, 2] = float("-inf")
+    calls.append(("merge_attention_states, 40 parts", lambda: waveboost.merge_attention_states(
+        outs40, lses40, out=torch.empty(2, 3, 5, 128, device="cuda", dtype=bf))))
     return calls
 
 

@@ -86,6 +86,11 @@ constexpr int kGroup = 32;
 // a chain of dependent memory round trips otherwise (33 parts x 2 passes took ~25 us on an H100).
 constexpr int kPartsInFlight = 8;
 constexpr int kRowsPerBlock = kThreads / kGroup;
+// Rows of more parts than kManyParts take combine_many_kernel: 2-8 warps per row, each loading
+// kManyParts parts' O together, for head dims up to kManyMaxDim (the warps' sums meet in shared memory).
+constexpr int kManyParts = 16;
+constexpr int kManyMaxDim = 256;
+constexpr int kManySlices = kManyMaxDim / (4 * kGroup);  // 4-element slices per lane
 
 template <typename T>
 __device__ __forceinline__ float load_one(const T* p) {
@@ -156,35 +161,37 @@ __device__ __forceinline__ bool group_any(bool x) { return __any_sync(0xffffffff
 
 }  // namespace combine_detail
 
-/// \brief One output row per warp, rows in (batch, row, head) order so that consecutive warps
-/// write consecutive heads. kVector: every base pointer and stride allows
-/// 4-element vector accesses and head_dim % 4 == 0; otherwise head_dim is walked 4 (then 1)
-/// at a time with scalar accesses.
-template <typename PartT, typename OutT, bool kVector>
-__global__ void __launch_bounds__(combine_detail::kThreads) combine_kernel(const __grid_constant__ CombineParams p) {
+/// \brief Where an output row's parts and result lie, and its combined LSE: the parts' LSEs spread
+/// over the warp's lanes (L = max + log(sum exp(l_s - max))). Every lane takes part in the shuffles;
+/// a dead row (past the rows, or past its sequence's length under cu_seqlens) has live false.
+struct CombineRow {
+  bool live, nan;
+  float max_lse, inv_total, lse;
+  const float* lses;      // the row's LSE of part 0; part s at s * lse_part_stride
+  int64_t parts, out;     // element offsets of the row's part 0 and of its output row
+  int64_t lse_at;         // the output LSE's offset
+};
+
+__device__ __forceinline__ CombineRow combine_row(const CombineParams& p, int64_t row, int lane) {
   using namespace combine_detail;
+  CombineRow c{};
   const int64_t rows = p.batch * p.seqlen * p.heads;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kGroup;
-  const int lane = threadIdx.x % kGroup;
-  // Every lane takes part in the shuffles; dead rows only skip the work.
-  bool live = row < rows;
-  const int64_t h = live ? row % p.heads : 0;
-  const int64_t r = live ? (row / p.heads) % p.seqlen : 0;
-  const int64_t b = live ? row / (p.heads * p.seqlen) : 0;
+  c.live = row < rows;
+  const int64_t h = c.live ? row % p.heads : 0;
+  const int64_t r = c.live ? (row / p.heads) % p.seqlen : 0;
+  const int64_t b = c.live ? row / (p.heads * p.seqlen) : 0;
   int64_t packed = r;
-  if (live && p.cu_seqlens != nullptr) {
+  if (c.live && p.cu_seqlens != nullptr) {
     const int64_t start = p.cu_seqlens[b];
-    live = r < p.cu_seqlens[b + 1] - start;
+    c.live = r < p.cu_seqlens[b + 1] - start;
     packed = start + r;
   }
-
-  // L = max + log(sum exp(l_s - max)), the parts' LSEs spread over the group's lanes.
-  const float* lses = p.part_lse + b * p.lse_batch_stride + h * p.lse_head_stride + r * p.lse_row_stride;
+  c.lses = p.part_lse + b * p.lse_batch_stride + h * p.lse_head_stride + r * p.lse_row_stride;
   float max_lse = -INFINITY;
   bool nan = false;
-  if (live) {
+  if (c.live) {
     for (int64_t s = lane; s < p.num_parts; s += kGroup) {
-      const float l = lses[s * p.lse_part_stride];
+      const float l = c.lses[s * p.lse_part_stride];
       nan |= isnan(l);
       max_lse = fmaxf(max_lse, l);
     }
@@ -192,71 +199,137 @@ __global__ void __launch_bounds__(combine_detail::kThreads) combine_kernel(const
   max_lse = group_max(max_lse);
   nan = group_any(nan);
   float total = 0.f;
-  if (live && !nan && max_lse != -INFINITY) {
-    for (int64_t s = lane; s < p.num_parts; s += kGroup) total += expf(lses[s * p.lse_part_stride] - max_lse);
+  if (c.live && !nan && max_lse != -INFINITY) {
+    for (int64_t s = lane; s < p.num_parts; s += kGroup) total += expf(c.lses[s * p.lse_part_stride] - max_lse);
   }
   total = group_sum(total);
-  if (!live) return;
-
-  float lse;
-  float inv_total = 0.f;
+  c.nan = nan;
+  c.max_lse = max_lse;
   if (nan) {
-    lse = NAN;
+    c.lse = NAN;
   } else if (max_lse == -INFINITY) {
-    lse = -INFINITY;
+    c.lse = -INFINITY;
   } else {
-    lse = max_lse + logf(total);
-    inv_total = 1.f / total;
+    c.lse = max_lse + logf(total);
+    c.inv_total = 1.f / total;
   }
+  c.parts = b * p.part_batch_stride + r * p.part_row_stride + h * p.part_head_stride;
+  c.out = (p.cu_seqlens != nullptr ? 0 : b * p.o_batch_stride) + packed * p.o_row_stride + h * p.o_head_stride;
+  c.lse_at = p.cu_seqlens != nullptr ? h * p.lse_out_head_stride + packed
+                                     : b * p.lse_out_batch_stride + h * p.lse_out_head_stride + r;
+  return c;
+}
 
-  const PartT* parts = static_cast<const PartT*>(p.parts) + b * p.part_batch_stride + r * p.part_row_stride +
-                       h * p.part_head_stride;
-  OutT* out = static_cast<OutT*>(p.out) + (p.cu_seqlens != nullptr ? 0 : b * p.o_batch_stride) +
-              packed * p.o_row_stride + h * p.o_head_stride;
+/// \brief acc += the weighted O of parts [s0, s_end) (at most kIn of them), elements d .. d + 3 of
+/// the row: the kIn weights first, then the O loads together. A part that saw no key (or is
+/// negligible) is not read: its O may hold anything.
+template <int kIn, typename PartT, bool kVector>
+__device__ __forceinline__ void add_parts(const CombineParams& p, const CombineRow& c, const PartT* parts, int64_t s0,
+                                          int64_t s_end, int64_t d, float4& acc) {
+  float w[kIn];
+  float4 o[kIn];
+#pragma unroll
+  for (int u = 0; u < kIn; ++u) {
+    const int64_t s = s0 + u;
+    w[u] = s < s_end ? expf(c.lses[s * p.lse_part_stride] - c.max_lse) * c.inv_total : 0.f;
+  }
+#pragma unroll
+  for (int u = 0; u < kIn; ++u)
+    o[u] = w[u] != 0.f ? combine_detail::load4<PartT, kVector>(parts + (s0 + u) * p.part_stride + d)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int u = 0; u < kIn; ++u) {
+    acc.x += w[u] * o[u].x;
+    acc.y += w[u] * o[u].y;
+    acc.z += w[u] * o[u].z;
+    acc.w += w[u] * o[u].w;
+  }
+}
+
+/// \brief One output row per warp, rows in (batch, row, head) order so that consecutive warps
+/// write consecutive heads. kVector: every base pointer and stride allows
+/// 4-element vector accesses and head_dim % 4 == 0; otherwise head_dim is walked 4 (then 1)
+/// at a time with scalar accesses.
+template <typename PartT, typename OutT, bool kVector>
+__global__ void __launch_bounds__(combine_detail::kThreads) combine_kernel(const __grid_constant__ CombineParams p) {
+  using namespace combine_detail;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kGroup;
+  const int lane = threadIdx.x % kGroup;
+  const CombineRow c = combine_row(p, row, lane);
+  if (!c.live) return;
+  const PartT* parts = static_cast<const PartT*>(p.parts) + c.parts;
+  OutT* out = static_cast<OutT*>(p.out) + c.out;
   const int64_t d4 = p.head_dim / 4 * 4;
   for (int64_t d = 4 * lane; d < d4; d += 4 * kGroup) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (nan) {
+    if (c.nan) {
       acc = make_float4(NAN, NAN, NAN, NAN);
-    } else if (max_lse != -INFINITY) {
-      for (int64_t s0 = 0; s0 < p.num_parts; s0 += kPartsInFlight) {
-        float w[kPartsInFlight];
-        float4 o[kPartsInFlight];
-#pragma unroll
-        for (int u = 0; u < kPartsInFlight; ++u) {
-          const int64_t s = s0 + u;
-          w[u] = s < p.num_parts ? expf(lses[s * p.lse_part_stride] - max_lse) * inv_total : 0.f;
-        }
-        // A part that saw no key (or is negligible) is not read: its O may hold anything.
-#pragma unroll
-        for (int u = 0; u < kPartsInFlight; ++u)
-          o[u] = w[u] != 0.f ? load4<PartT, kVector>(parts + (s0 + u) * p.part_stride + d) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int u = 0; u < kPartsInFlight; ++u) {
-          acc.x += w[u] * o[u].x;
-          acc.y += w[u] * o[u].y;
-          acc.z += w[u] * o[u].z;
-          acc.w += w[u] * o[u].w;
-        }
-      }
+    } else if (c.max_lse != -INFINITY) {
+      for (int64_t s0 = 0; s0 < p.num_parts; s0 += kPartsInFlight)
+        add_parts<kPartsInFlight, PartT, kVector>(p, c, parts, s0, p.num_parts, d, acc);
     }
     store4<OutT, kVector>(out + d, acc);
   }
   for (int64_t d = d4 + lane; d < p.head_dim; d += kGroup) {  // a head_dim tail (not a multiple of 4)
-    float acc = nan ? NAN : 0.f;
-    if (!nan && max_lse != -INFINITY) {
+    float acc = c.nan ? NAN : 0.f;
+    if (!c.nan && c.max_lse != -INFINITY) {
       for (int64_t s = 0; s < p.num_parts; ++s) {
-        const float w = expf(lses[s * p.lse_part_stride] - max_lse) * inv_total;
+        const float w = expf(c.lses[s * p.lse_part_stride] - c.max_lse) * c.inv_total;
         if (w != 0.f) acc += w * load_one(parts + s * p.part_stride + d);
       }
     }
     out[d] = store_one<OutT>(acc);
   }
-  if (p.lse != nullptr && lane == 0) {
-    const int64_t at = p.cu_seqlens != nullptr ? h * p.lse_out_head_stride + packed
-                                               : b * p.lse_out_batch_stride + h * p.lse_out_head_stride + r;
-    p.lse[at] = lse;
+  if (p.lse != nullptr && lane == 0) p.lse[c.lse_at] = c.lse;
+}
+
+/// \brief The combine of rows of many parts (more than kManyParts; vector accesses, head_dim <=
+/// kManyMaxDim): warps_per_row (2, 4 or 8) warps share each row, warp k of a row summing the weighted
+/// O of the row's k-th share of the parts (at most kManyParts loaded together), and the shares meet
+/// in shared memory, where the row's first warp adds them in order and writes the row. Each warp
+/// computes the row's LSE itself (the LSEs are a small part of the bytes). One warp per row walks
+/// its parts as a chain of round trips to memory, each a few parts long: 128 parts on 32 rows (a
+/// batch-1 MQA decode step) were ~30 us that way (benchmarks/NOTES.md, "The combine of many parts").
+template <typename PartT, typename OutT>
+__global__ void __launch_bounds__(combine_detail::kThreads)
+    combine_many_kernel(const __grid_constant__ CombineParams p, int warps_per_row) {
+  using namespace combine_detail;
+  __shared__ float4 share_sum[kThreads / kGroup][kManySlices * kGroup];
+  const int warp = threadIdx.x / kGroup;
+  const int lane = threadIdx.x % kGroup;
+  const int share = warp % warps_per_row;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / kGroup / warps_per_row) + warp / warps_per_row;
+  const CombineRow c = combine_row(p, row, lane);
+  const PartT* parts = static_cast<const PartT*>(p.parts) + c.parts;
+  const int64_t per_share = (p.num_parts + warps_per_row - 1) / warps_per_row;
+  const int64_t s_begin = share * per_share;
+  const int64_t s_end = s_begin + per_share < p.num_parts ? s_begin + per_share : p.num_parts;
+#pragma unroll
+  for (int k = 0; k < kManySlices; ++k) {
+    const int64_t d = 4 * (lane + k * kGroup);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c.live && !c.nan && c.max_lse != -INFINITY && d < p.head_dim) {
+      for (int64_t s0 = s_begin; s0 < s_end; s0 += kManyParts)
+        add_parts<kManyParts, PartT, true>(p, c, parts, s0, s_end, d, acc);
+    }
+    share_sum[warp][lane + k * kGroup] = acc;
   }
+  __syncthreads();
+  if (!c.live || share != 0) return;
+  OutT* out = static_cast<OutT*>(p.out) + c.out;
+#pragma unroll
+  for (int k = 0; k < kManySlices; ++k) {
+    const int64_t d = 4 * (lane + k * kGroup);
+    if (d >= p.head_dim) break;
+    float4 acc = share_sum[warp][lane + k * kGroup];
+    for (int w = 1; w < warps_per_row; ++w) {
+      const float4 x = share_sum[warp + w][lane + k * kGroup];
+      acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+    }
+    if (c.nan) acc = make_float4(NAN, NAN, NAN, NAN);
+    store4<OutT, true>(out + d, acc);
+  }
+  if (p.lse != nullptr && lane == 0) p.lse[c.lse_at] = c.lse;
 }
 
 #endif  // __CUDACC__
