@@ -2,6 +2,7 @@
 
     python benchmarks/decode_probe.py [--impls wb_blhd,wb_bhld,sdpa_cudnn,amax] [--tag T] [--peak-gbs G]
                                       [--shapes BxLxHxHKV,...] [--page-size P] [--head-dim D] [--seqlen-q N]
+                                      [--backend B]
 
 Prints one JSON line per shape (bf16, head dim 128 or --head-dim, one query per sequence or --seqlen-q):
 microseconds per step and %
@@ -41,6 +42,7 @@ def main() -> None:
                     help="default: the suite's peak for this device (waveboost.bench.hardware.peak_bandwidth)")
     ap.add_argument("--page-size", type=int, default=0, help="wb_blhd on a paged cache of pages of this many keys")
     ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128))
+    ap.add_argument("--backend", default="auto", help="waveboost's backend for wb_blhd and wb_bhld")
     ap.add_argument("--seqlen-q", type=int, default=1,
                     help="queries per sequence (over 1: causal, bottom-right, waveboost's layouts only)")
     ap.add_argument("--shapes", default="", help="batch x KV length x heads x kv heads, comma-separated "
@@ -68,11 +70,14 @@ def main() -> None:
         res = {"shape": [batch, keys, heads, heads_kv], "tag": args.tag}
         if d != 128 or args.seqlen_q != 1:
             res.update(head_dim=d, seqlen_q=args.seqlen_q)
+        if args.backend != "auto":
+            res["backend"] = args.backend
         head_major = [(cache(batch, heads_kv, keys, d), cache(batch, heads_kv, keys, d)) for _ in range(copies)]
         if "wb_bhld" in impls:
             views = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in head_major]
             res["wb_bhld"] = _graph_step_us(
-                torch, lambda i: waveboost.attention_with_kvcache(q, *views[i % copies], lengths, causal=causal, out=out))
+                torch, lambda i: waveboost.attention_with_kvcache(q, *views[i % copies], lengths, causal=causal,
+                                                                  out=out, backend=args.backend))
         if "sdpa_cudnn" in impls:
             from torch.nn.attention import SDPBackend, sdpa_kernel
             qh = q.transpose(1, 2)
@@ -87,7 +92,10 @@ def main() -> None:
             usual = [(cache(batch, keys, heads_kv, d), cache(batch, keys, heads_kv, d)) for _ in range(copies)]
             table = None
             if not args.page_size:
-                res["splits"] = waveboost.plan(q, usual[0][0], usual[0][1], causal=causal, backend="decode")["num_splits"]
+                plan = waveboost.plan(q, usual[0][0], usual[0][1], causal=causal, backend=args.backend)
+                res["splits"] = plan["num_splits"]
+                if args.backend == "auto":
+                    res["backend"] = plan["backend"]
             else:
                 res["page_size"] = args.page_size
                 if keys % args.page_size:
@@ -96,7 +104,7 @@ def main() -> None:
                 usual, table = [(k, v) for k, v, _ in paged], paged[0][2]
                 del paged
             res["wb_blhd"] = _graph_step_us(torch, lambda i: waveboost.attention_with_kvcache(
-                q, *usual[i % copies], lengths, block_table=table, causal=causal, out=out))
+                q, *usual[i % copies], lengths, block_table=table, causal=causal, out=out, backend=args.backend))
             del usual
         for key in [k for k in res if isinstance(res[k], float)]:
             res[key + "_pct"] = round(100 * kv_bytes / res[key] / 1e3 / peak, 1)

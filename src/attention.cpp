@@ -294,8 +294,12 @@ Backend select_backend(const AttentionParams& p) {
   // the rows of a kv head's query heads into one tile and reads each K/V byte once per kv head,
   // where the flash paths give every query head a 128-row tile of its own and read the keys once
   // per query head. With a sequence layout (varlen, seqused, paged) seqlen_q is the longest
-  // sequence's length (max_seqlen_q).
-  if (p.heads_kv > 0 && p.seqlen_q * (p.heads / p.heads_kv) <= 64 && can_implement(p, Backend::kDecode).ok())
+  // sequence's length (max_seqlen_q). Up to 16 queries (speculative verify) go there whatever the
+  // group: decode reads a kv head's keys once per 64-row tile, ceil(16 x group / 64) times, where the
+  // flash paths read them once per query head, group times (benchmarks/NOTES.md, "Speculative verify
+  // with large groups").
+  if (p.heads_kv > 0 && (p.seqlen_q * (p.heads / p.heads_kv) <= 64 || p.seqlen_q <= 16) &&
+      can_implement(p, Backend::kDecode).ok())
     return Backend::kDecode;
   // Sequence layouts with longer queries (prefill, chunked prefill on a paged cache) run on the
   // tensor-core flash paths: wgmma, whose TMA kernel takes contiguous sequence layouts (0.85x

@@ -202,6 +202,7 @@ def test_grid_just_past_one_wave_splits_its_last_wave():
     (24, 1, 64, 1, 128 * 9 + 7, False),   # 24 rows: a partial 32-row tile
     (8, 1, 128, 3, 1001, True),           # 24 causal rows (3 queries x 8 heads) in a 32-row tile
     (16, 2, 128, 2, 64 * 40 + 3, True),   # 32 causal rows per kv head, 2 kv heads
+    (32, 1, 128, 16, 3001, True),         # 16 causal queries at MQA: 512 rows, eight 64-row tiles
 ])
 def test_every_split_piece_counts(heads, heads_kv, d, lq, lk, causal):
     g = gen(lk * 7 + heads)
@@ -323,6 +324,10 @@ def test_auto_sends_few_queries_per_kv_head_to_decode():
     assert waveboost.resolve_backend(q8, k, v, causal=True) == "decode"
     big = randn(g, 4, 512, 32, 128, dtype=torch.float16)
     assert waveboost.resolve_backend(big, k, v) != "decode"
+    # Up to 16 queries go to decode whatever the group (16 x 32 = 512 rows per kv head at MQA), 17 do not.
+    k1, v1 = k[:, :, :1], v[:, :, :1]
+    assert waveboost.resolve_backend(randn(g, 4, 16, 32, 128, dtype=torch.float16), k1, v1, causal=True) == "decode"
+    assert waveboost.resolve_backend(randn(g, 4, 17, 32, 128, dtype=torch.float16), k1, v1, causal=True) != "decode"
     assert torch.equal(waveboost.attention(q, k, v), waveboost.attention(q, k, v, backend="decode"))
 
 
