@@ -2,7 +2,7 @@
 
     python benchmarks/decode_probe.py [--impls wb_blhd,wb_bhld,sdpa_cudnn,amax] [--tag T] [--peak-gbs G]
                                       [--shapes BxLxHxHKV,...] [--page-size P] [--head-dim D] [--seqlen-q N]
-                                      [--backend B]
+                                      [--backend B] [--kernels]
 
 Prints one JSON line per shape (bf16, head dim 128 or --head-dim, one query per sequence or --seqlen-q):
 microseconds per step and %
@@ -15,8 +15,10 @@ of peak HBM bandwidth (K/V cache bytes / time) for
 With --page-size, wb_blhd reads a paged cache instead: pages of P keys (num_pages, P, heads_kv, D) at
 shuffled page ids through a block table (the other impls are unchanged).
 Each is timed as a CUDA graph of 20 steps over distinct cache copies (together > 150 MB, so HBM is read,
-not L2), the median of 15 replays. Environment variables of the decode launcher (e.g.
-WAVEBOOST_DECODE_BLOCKS_PER_SM) apply as usual; run one process per setting.
+not L2), the median of 15 replays; with --kernels, wb_blhd_kernels gives each kernel's mean device time per
+step (eager calls under torch.profiler: the decode kernel, the combine, the zeroing of the arrival counters).
+Environment variables of the decode launcher (e.g. WAVEBOOST_DECODE_BLOCKS_PER_SM) apply as usual; run one
+process per setting.
 """
 import argparse
 import json
@@ -28,7 +30,7 @@ import waveboost
 from waveboost.bench.hardware import peak_bandwidth
 from waveboost.bench.impls import paged_cache
 
-from decode_bench import STEPS, _graph_step_us  # this script's folder
+from decode_bench import STEPS, _graph_step_us, _kernel_us  # this script's folder
 
 SHAPES = ((16, 8192, 32, 8), (64, 4096, 64, 8), (128, 2048, 32, 8), (1, 32768, 32, 8), (1, 2048, 32, 8),
           (32, 8192, 32, 1))  # (batch, KV length, heads, kv heads)
@@ -43,6 +45,8 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=0, help="wb_blhd on a paged cache of pages of this many keys")
     ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128))
     ap.add_argument("--backend", default="auto", help="waveboost's backend for wb_blhd and wb_bhld")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also each kernel's mean device time per wb_blhd step (torch.profiler, eager calls)")
     ap.add_argument("--seqlen-q", type=int, default=1,
                     help="queries per sequence (over 1: causal, bottom-right, waveboost's layouts only)")
     ap.add_argument("--shapes", default="", help="batch x KV length x heads x kv heads, comma-separated "
@@ -103,8 +107,13 @@ def main() -> None:
                 paged = [paged_cache(k, v, args.page_size) for k, v in usual]  # one table (fixed seed) for all
                 usual, table = [(k, v) for k, v, _ in paged], paged[0][2]
                 del paged
-            res["wb_blhd"] = _graph_step_us(torch, lambda i: waveboost.attention_with_kvcache(
-                q, *usual[i % copies], lengths, block_table=table, causal=causal, out=out, backend=args.backend))
+
+            def step(i=0):
+                waveboost.attention_with_kvcache(q, *usual[i % copies], lengths, block_table=table, causal=causal,
+                                                 out=out, backend=args.backend)
+            res["wb_blhd"] = _graph_step_us(torch, step)
+            if args.kernels:
+                res["wb_blhd_kernels"] = _kernel_us(torch, step)
             del usual
         for key in [k for k in res if isinstance(res[k], float)]:
             res[key + "_pct"] = round(100 * kv_bytes / res[key] / 1e3 / peak, 1)
