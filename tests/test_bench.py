@@ -550,6 +550,23 @@ def test_standalone_scripts_are_thin_wrappers_of_the_suite(tmp_path):
         assert all(r["status"] == "ok" for r in result["rows"])
 
 
+def test_probe_table_pairs_trees_sets_and_the_peer():
+    import os
+    import runpy
+
+    here = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
+    table = runpy.run_path(os.path.join(here, "probe_table.py"), run_name="wrapper")["table"]
+    lines = [{"shape": [1, 2048, 32, 8], "tag": f"{tree}-{r}-d128", "wb_blhd": us, "wb_blhd_pct": 20.0, "splits": 8}
+             for tree, r, us in (("main", 1, 10.0), ("main", 2, 12.0), ("new", 1, 8.0), ("new", 2, 9.0),
+                                 ("main", 3, 11.0))]
+    lines += [{"shape": [1, 2048, 32, 8], "tag": "cudnn-d128", "sdpa_cudnn": 8.5, "sdpa_cudnn_pct": 19.0},
+              {"shape": [4, 2048, 32, 8], "tag": "main-1-p16", "wb_blhd": 5.0, "wb_blhd_pct": 1.0}]  # no "new": left out
+    rows = table(lines, "main", "new").splitlines()
+    assert len(rows) == 3 and rows[0].startswith("| set | shape | main us | new us")
+    # medians: main 11.0, new 8.5; the peer 8.5
+    assert rows[2] == "| d128 | 1x2048x32x8 | 11.00 | 8.50 (20.0, 8) | 1.294 | 8.50 (19.0) | 1.000 |"
+
+
 class _FakeFA3:
     """flash_attn3_jax's kv-cache entry point, written with jax.nn.dot_product_attention, to run the
     FlashAttention-3 kv-cache adapter's plumbing (splits, paged caches, jitted decode loops) on the CPU."""
