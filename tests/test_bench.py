@@ -560,7 +560,7 @@ def test_probe_table_pairs_trees_sets_and_the_peer():
              for tree, r, us in (("main", 1, 10.0), ("main", 2, 12.0), ("new", 1, 8.0), ("new", 2, 9.0),
                                  ("main", 3, 11.0))]
     lines += [{"shape": [1, 2048, 32, 8], "tag": "cudnn-d128", "sdpa_cudnn": 8.5, "sdpa_cudnn_pct": 19.0},
-              {"shape": [4, 2048, 32, 8], "tag": "main-1-p16", "wb_blhd": 5.0, "wb_blhd_pct": 1.0}]  # no "new": left out
+              {"shape": [4, 2048, 32, 8], "tag": "main-1-p16", "wb_blhd": 5.0, "wb_blhd_pct": 1.0}]  # no "new" run
     rows = table(lines, "main", "new").splitlines()
     assert len(rows) == 3 and rows[0].startswith("| set | shape | main us | new us")
     # medians: main 11.0, new 8.5; the peer 8.5
