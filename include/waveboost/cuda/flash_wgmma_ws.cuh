@@ -210,6 +210,20 @@ __device__ __forceinline__ Ring<Traits> make_ring(unsigned char* smem_raw, unsig
   return ring;
 }
 
+// Transposer warp `warp` (0 .. kTransposerWarps - 1) on one visit of the ring (stage, phase): once V
+// has landed and the products have released the stage's V^T buffer, V into V^T (transpose_values),
+// then the V^T buffer handed to the products and the V buffer back to the producer.
+template <typename Traits>
+__device__ __forceinline__ void transpose_visit(const Ring<Traits>& ring, int stage, uint32_t phase, int warp) {
+  tma::wait(ring.full_v(stage), phase);        // V landed
+  tma::wait(ring.empty_vt(stage), phase ^ 1);  // the products kStages visits back have read the V^T buffer
+  transpose_values<Traits>(ring.v_tile + stage * Traits::kKVTileBytes, ring.vt_tile + stage * Traits::kVtTileBytes,
+                           warp, threadIdx.x % 32);
+  wgmma::fence_proxy_async();  // this thread's V^T writes, visible to the products that wait for full_vt
+  tma::arrive(ring.full_vt(stage));
+  tma::arrive(ring.empty_v(stage));
+}
+
 // Producer: loads key tile `key_tile` of the block into the ring's visit `slot` (buffer slot %
 // kStages) once the consumers have released that buffer's previous tile. The map's rows are the
 // sequence's keys from its packed start (k_start: 0 unless varlen) of batch k_batch.
@@ -421,17 +435,7 @@ __device__ __forceinline__ void attend_block(const AttentionParams& p, const CUt
     if constexpr (Traits::kTransposes) {
       const int producer_warp = (threadIdx.x - Traits::kConsumerThreads) / 32;
       if (producer_warp >= 1) {
-        for (int i = 0; i < n_visits; ++i) {
-          const int stage = i % kStages;
-          const uint32_t phase = (i / kStages) & 1;
-          tma::wait(ring.full_v(stage), phase);        // V(i) landed
-          tma::wait(ring.empty_vt(stage), phase ^ 1);  // P(i - kStages) V(i - kStages) has read the V^T buffer
-          transpose_values<Traits>(ring.v_tile + stage * Traits::kKVTileBytes,
-                                   ring.vt_tile + stage * Traits::kVtTileBytes, producer_warp - 1, threadIdx.x % 32);
-          wgmma::fence_proxy_async();  // this thread's V^T writes, visible to the products that wait below
-          tma::arrive(ring.full_vt(stage));
-          tma::arrive(ring.empty_v(stage));
-        }
+        for (int i = 0; i < n_visits; ++i) transpose_visit(ring, i % kStages, (i / kStages) & 1, producer_warp - 1);
       }
     }
     return;
@@ -488,17 +492,9 @@ __device__ __forceinline__ void attend_items(const AttentionParams& p, const CUt
         for (Walk it = Walk::start(m_blocks, p.batch * p.heads); it.more(); it.next()) {
           FlashBlock blk;
           locate(it, blk);
-          for (int i = 0; i < blk.n_tiles; ++i, ++visit) {
-            const int stage = static_cast<int>(visit % Traits::kStages);
-            const uint32_t phase = (visit / Traits::kStages) & 1;
-            tma::wait(ring.full_v(stage), phase);
-            tma::wait(ring.empty_vt(stage), phase ^ 1);
-            transpose_values<Traits>(ring.v_tile + stage * Traits::kKVTileBytes,
-                                     ring.vt_tile + stage * Traits::kVtTileBytes, producer_warp - 1, threadIdx.x % 32);
-            wgmma::fence_proxy_async();
-            tma::arrive(ring.full_vt(stage));
-            tma::arrive(ring.empty_v(stage));
-          }
+          for (int i = 0; i < blk.n_tiles; ++i, ++visit)
+            transpose_visit(ring, static_cast<int>(visit % Traits::kStages), (visit / Traits::kStages) & 1,
+                            producer_warp - 1);
         }
         return;
       }
