@@ -183,12 +183,16 @@ int cluster_setting() {
   return 1;
 }
 
-// A kernel of the TMA decode kernel's launch shape (128 threads), for the occupancy of its clusters.
-__global__ void __launch_bounds__(128) decode_cluster_shape() {}
+// Threads of the TMA decode kernel's 16-row blocks (the ones that run in clusters), either head dim.
+constexpr int kClusterBlockThreads = DecodeTraits<__half, 128, 16, true>::kThreads;
+static_assert(kClusterBlockThreads == DecodeTraits<__half, 64, 16, true>::kThreads, "one block shape");
 
-// Whether `clusters` clusters of `size` blocks of 128 threads and `smem` bytes of shared memory
-// each are resident at once on the current device (cudaOccupancyMaxActiveClusters, once per
-// device and shape).
+// A kernel of the TMA decode kernel's launch shape, for the occupancy of its clusters.
+__global__ void __launch_bounds__(kClusterBlockThreads) decode_cluster_shape() {}
+
+// Whether `clusters` clusters of `size` blocks of kClusterBlockThreads threads and `smem` bytes of
+// shared memory each are resident at once on the current device (cudaOccupancyMaxActiveClusters,
+// once per device and shape).
 bool clusters_resident(int device_id, int size, int smem, int64_t clusters) {
   static std::mutex mutex;
   static std::map<std::tuple<int, int, int>, int> known;
@@ -200,7 +204,7 @@ bool clusters_resident(int device_id, int size, int smem, int64_t clusters) {
   int active = 0;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(size));
-  config.blockDim = dim3(128);
+  config.blockDim = dim3(kClusterBlockThreads);
   config.dynamicSmemBytes = smem;
   cudaLaunchAttribute attribute[1] = {};
   attribute[0].id = cudaLaunchAttributeClusterDimension;
