@@ -84,7 +84,10 @@ constexpr int kThreads = 256;
 constexpr int kGroup = 32;
 // Parts whose LSEs, then whose O rows, are loaded together before any is used: a row's combine is
 // a chain of dependent memory round trips otherwise (33 parts x 2 passes took ~25 us on an H100).
+// kPartsInFlight with scalar accesses; kManyParts (below) with 16 B / 8 B vector ones.
 constexpr int kPartsInFlight = 8;
+// Part LSEs per lane loaded together when a row's LSE is computed.
+constexpr int kLsesInFlight = 4;
 constexpr int kRowsPerBlock = kThreads / kGroup;
 // Rows of more parts than kManyParts take combine_many_kernel: 2-8 warps per row, each loading
 // kManyParts parts' O together, for head dims up to kManyMaxDim (the warps' sums meet in shared memory).
@@ -187,20 +190,33 @@ __device__ __forceinline__ CombineRow combine_row(const CombineParams& p, int64_
     packed = start + r;
   }
   c.lses = p.part_lse + b * p.lse_batch_stride + h * p.lse_head_stride + r * p.lse_row_stride;
+  // kLsesInFlight parts per lane are loaded together (one round trip to memory for up to 128 parts),
+  // and the first such batch stays in registers for the sum.
+  float first[kLsesInFlight] = {};
   float max_lse = -INFINITY;
   bool nan = false;
-  if (c.live) {
-    for (int64_t s = lane; s < p.num_parts; s += kGroup) {
-      const float l = c.lses[s * p.lse_part_stride];
-      nan |= isnan(l);
-      max_lse = fmaxf(max_lse, l);
+  for (int64_t s0 = 0; s0 < p.num_parts; s0 += kLsesInFlight * kGroup) {
+    float l[kLsesInFlight];
+#pragma unroll
+    for (int u = 0; u < kLsesInFlight; ++u) {
+      const int64_t s = s0 + u * kGroup + lane;
+      l[u] = c.live && s < p.num_parts ? c.lses[s * p.lse_part_stride] : -INFINITY;
+    }
+#pragma unroll
+    for (int u = 0; u < kLsesInFlight; ++u) {
+      nan |= isnan(l[u]);
+      max_lse = fmaxf(max_lse, l[u]);
+      if (s0 == 0) first[u] = l[u];
     }
   }
   max_lse = group_max(max_lse);
   nan = group_any(nan);
   float total = 0.f;
   if (c.live && !nan && max_lse != -INFINITY) {
-    for (int64_t s = lane; s < p.num_parts; s += kGroup) total += expf(c.lses[s * p.lse_part_stride] - max_lse);
+#pragma unroll
+    for (int u = 0; u < kLsesInFlight; ++u) total += expf(first[u] - max_lse);  // a part past the end: exp(-inf) = 0
+    for (int64_t s = kLsesInFlight * kGroup + lane; s < p.num_parts; s += kGroup)
+      total += expf(c.lses[s * p.lse_part_stride] - max_lse);
   }
   total = group_sum(total);
   c.nan = nan;
@@ -265,8 +281,8 @@ __global__ void __launch_bounds__(combine_detail::kThreads) combine_kernel(const
     if (c.nan) {
       acc = make_float4(NAN, NAN, NAN, NAN);
     } else if (c.max_lse != -INFINITY) {
-      for (int64_t s0 = 0; s0 < p.num_parts; s0 += kPartsInFlight)
-        add_parts<kPartsInFlight, PartT, kVector>(p, c, parts, s0, p.num_parts, d, acc);
+      constexpr int kIn = kVector ? kManyParts : kPartsInFlight;
+      for (int64_t s0 = 0; s0 < p.num_parts; s0 += kIn) add_parts<kIn, PartT, kVector>(p, c, parts, s0, p.num_parts, d, acc);
     }
     store4<OutT, kVector>(out + d, acc);
   }
