@@ -162,11 +162,14 @@ def test_gpu_merge(rng, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_parts,head_dim", [(17, 128), (40, 64), (130, 128), (300, 256), (70, 260), (33, 6)],
-                         ids=["17p-d128", "40p-d64", "130p-d128", "300p-d256", "70p-d260", "33p-d6"])
+@pytest.mark.parametrize("num_parts,head_dim", [(17, 128), (40, 64), (130, 128), (300, 256), (70, 260), (33, 6),
+                                                (20, 96), (5, 160), (3, 130)],
+                         ids=["17p-d128", "40p-d64", "130p-d128", "300p-d256", "70p-d260", "33p-d6", "20p-d96",
+                              "5p-d160", "3p-d130"])
 def test_gpu_merge_many_parts(rng, num_parts, head_dim):
-    # Past 16 parts (head dims up to 256, vector layouts) 2-8 warps share each row; d260 and d6 take
-    # the one-warp kernel. Rows with -inf parts (NaN outputs there), a row of only -inf parts (zeros,
+    # Past 16 parts (head dims up to 256, vector layouts) 2-8 warps share each row; d260, d6 and the
+    # cases of 16 parts or fewer take the one-warp kernel (d160: two passes over the row, the second
+    # with a quarter of the lanes; d130: scalar accesses and a tail). Rows with -inf parts (NaN outputs there), a row of only -inf parts (zeros,
     # LSE -inf) and a row with a NaN LSE (NaN) in every case.
     import torch
 

@@ -166,10 +166,13 @@ __device__ __forceinline__ bool group_any(bool x) { return __any_sync(0xffffffff
 
 /// \brief Where an output row's parts and result lie, and its combined LSE: the parts' LSEs spread
 /// over the warp's lanes (L = max + log(sum exp(l_s - max))). Every lane takes part in the shuffles;
-/// a dead row (past the rows, or past its sequence's length under cu_seqlens) has live false.
+/// a dead row (past the rows, or past its sequence's length under cu_seqlens) has live false. The
+/// weights exp(l_s - L) of the first kLsesInFlight x 32 parts stay in registers, part s in lane
+/// s % 32's weight[s / 32] (part_weight).
 struct CombineRow {
   bool live, nan;
   float max_lse, inv_total, lse;
+  float weight[combine_detail::kLsesInFlight];
   const float* lses;      // the row's LSE of part 0; part s at s * lse_part_stride
   int64_t parts, out;     // element offsets of the row's part 0 and of its output row
   int64_t lse_at;         // the output LSE's offset
@@ -191,7 +194,7 @@ __device__ __forceinline__ CombineRow combine_row(const CombineParams& p, int64_
   }
   c.lses = p.part_lse + b * p.lse_batch_stride + h * p.lse_head_stride + r * p.lse_row_stride;
   // kLsesInFlight parts per lane are loaded together (one round trip to memory for up to 128 parts),
-  // and the first such batch stays in registers for the sum.
+  // and the first such batch stays in registers for the sum and the weights.
   float first[kLsesInFlight] = {};
   float max_lse = -INFINITY;
   bool nan = false;
@@ -214,7 +217,10 @@ __device__ __forceinline__ CombineRow combine_row(const CombineParams& p, int64_
   float total = 0.f;
   if (c.live && !nan && max_lse != -INFINITY) {
 #pragma unroll
-    for (int u = 0; u < kLsesInFlight; ++u) total += expf(first[u] - max_lse);  // a part past the end: exp(-inf) = 0
+    for (int u = 0; u < kLsesInFlight; ++u) {
+      c.weight[u] = expf(first[u] - max_lse);  // a part past the end: exp(-inf) = 0
+      total += c.weight[u];
+    }
     for (int64_t s = kLsesInFlight * kGroup + lane; s < p.num_parts; s += kGroup)
       total += expf(c.lses[s * p.lse_part_stride] - max_lse);
   }
@@ -228,6 +234,8 @@ __device__ __forceinline__ CombineRow combine_row(const CombineParams& p, int64_
   } else {
     c.lse = max_lse + logf(total);
     c.inv_total = 1.f / total;
+#pragma unroll
+    for (int u = 0; u < kLsesInFlight; ++u) c.weight[u] *= c.inv_total;
   }
   c.parts = b * p.part_batch_stride + r * p.part_row_stride + h * p.part_head_stride;
   c.out = (p.cu_seqlens != nullptr ? 0 : b * p.o_batch_stride) + packed * p.o_row_stride + h * p.o_head_stride;
@@ -236,22 +244,37 @@ __device__ __forceinline__ CombineRow combine_row(const CombineParams& p, int64_
   return c;
 }
 
+/// \brief Part s's weight exp(l_s - L) in a live row that is neither NaN nor empty; s the same in
+/// every lane of the warp (a shuffle from the lane that holds it, for the first kLsesInFlight x 32).
+__device__ __forceinline__ float part_weight(const CombineParams& p, const CombineRow& c, int64_t s) {
+  using namespace combine_detail;
+  if (s < kLsesInFlight * kGroup) {
+    const int slot = static_cast<int>(s) / kGroup;
+    float held = c.weight[0];
+#pragma unroll
+    for (int u = 1; u < kLsesInFlight; ++u) held = slot == u ? c.weight[u] : held;
+    return __shfl_sync(0xffffffffu, held, static_cast<int>(s) % kGroup);
+  }
+  return expf(c.lses[s * p.lse_part_stride] - c.max_lse) * c.inv_total;
+}
+
 /// \brief acc += the weighted O of parts [s0, s_end) (at most kIn of them), elements d .. d + 3 of
 /// the row: the kIn weights first, then the O loads together. A part that saw no key (or is
-/// negligible) is not read: its O may hold anything.
+/// negligible) is not read: its O may hold anything. Every lane of the warp takes part, with the same
+/// s0 and s_end; one whose elements lie past the row (active false) loads nothing.
 template <int kIn, typename PartT, bool kVector>
 __device__ __forceinline__ void add_parts(const CombineParams& p, const CombineRow& c, const PartT* parts, int64_t s0,
-                                          int64_t s_end, int64_t d, float4& acc) {
+                                          int64_t s_end, int64_t d, bool active, float4& acc) {
   float w[kIn];
   float4 o[kIn];
 #pragma unroll
   for (int u = 0; u < kIn; ++u) {
     const int64_t s = s0 + u;
-    w[u] = s < s_end ? expf(c.lses[s * p.lse_part_stride] - c.max_lse) * c.inv_total : 0.f;
+    w[u] = s < s_end ? part_weight(p, c, s) : 0.f;
   }
 #pragma unroll
   for (int u = 0; u < kIn; ++u)
-    o[u] = w[u] != 0.f ? combine_detail::load4<PartT, kVector>(parts + (s0 + u) * p.part_stride + d)
+    o[u] = active && w[u] != 0.f ? combine_detail::load4<PartT, kVector>(parts + (s0 + u) * p.part_stride + d)
                        : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
   for (int u = 0; u < kIn; ++u) {
@@ -276,15 +299,17 @@ __global__ void __launch_bounds__(combine_detail::kThreads) combine_kernel(const
   const PartT* parts = static_cast<const PartT*>(p.parts) + c.parts;
   OutT* out = static_cast<OutT*>(p.out) + c.out;
   const int64_t d4 = p.head_dim / 4 * 4;
-  for (int64_t d = 4 * lane; d < d4; d += 4 * kGroup) {
+  for (int64_t d0 = 0; d0 < d4; d0 += 4 * kGroup) {  // the whole warp in every pass (part_weight's shuffles)
+    const int64_t d = d0 + 4 * lane;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     if (c.nan) {
       acc = make_float4(NAN, NAN, NAN, NAN);
     } else if (c.max_lse != -INFINITY) {
       constexpr int kIn = kVector ? kManyParts : kPartsInFlight;
-      for (int64_t s0 = 0; s0 < p.num_parts; s0 += kIn) add_parts<kIn, PartT, kVector>(p, c, parts, s0, p.num_parts, d, acc);
+      for (int64_t s0 = 0; s0 < p.num_parts; s0 += kIn)
+        add_parts<kIn, PartT, kVector>(p, c, parts, s0, p.num_parts, d, d < d4, acc);
     }
-    store4<OutT, kVector>(out + d, acc);
+    if (d < d4) store4<OutT, kVector>(out + d, acc);
   }
   for (int64_t d = d4 + lane; d < p.head_dim; d += kGroup) {  // a head_dim tail (not a multiple of 4)
     float acc = c.nan ? NAN : 0.f;
@@ -324,9 +349,9 @@ __global__ void __launch_bounds__(combine_detail::kThreads)
   for (int k = 0; k < kManySlices; ++k) {
     const int64_t d = 4 * (lane + k * kGroup);
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (c.live && !c.nan && c.max_lse != -INFINITY && d < p.head_dim) {
+    if (c.live && !c.nan && c.max_lse != -INFINITY && 4 * k * kGroup < p.head_dim) {  // the same in the whole warp
       for (int64_t s0 = s_begin; s0 < s_end; s0 += kManyParts)
-        add_parts<kManyParts, PartT, true>(p, c, parts, s0, s_end, d, acc);
+        add_parts<kManyParts, PartT, true>(p, c, parts, s0, s_end, d, d < p.head_dim, acc);
     }
     share_sum[warp][lane + k * kGroup] = acc;
   }
