@@ -3,7 +3,7 @@
 # on cl; decode_probe mn / cl alternating (two rounds, --kernels), SDPA cuDNN.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-t0=$(date +%s); T=$OUT; ONE=$PWD/.devrun/one_step.py
+t0=$(date +%s); T=$OUT; ONE=$PWD/benchmarks/results/nvidia-h200-20261129/combine-lse/one_step.py
 TARBALLS=.devrun bash benchmarks/build_trees.sh mn cl || { cp /tmp/logs/* $OUT/; exit 1; }
 echo "built $(( $(date +%s)-t0 )) s"
 R=/tmp/src-cl

@@ -160,6 +160,7 @@ __device__ __forceinline__ float group_sum(float x) {
   return x;
 }
 static_assert(kGroup == 32, "a row per warp: the reductions span the whole warp");
+static_assert((kLsesInFlight * kGroup & (kLsesInFlight * kGroup - 1)) == 0, "held weights: a power of two");
 __device__ __forceinline__ bool group_any(bool x) { return __any_sync(0xffffffffu, x); }
 
 }  // namespace combine_detail
@@ -183,9 +184,18 @@ __device__ __forceinline__ CombineRow combine_row(const CombineParams& p, int64_
   CombineRow c{};
   const int64_t rows = p.batch * p.seqlen * p.heads;
   c.live = row < rows;
-  const int64_t h = c.live ? row % p.heads : 0;
-  const int64_t r = c.live ? (row / p.heads) % p.seqlen : 0;
-  const int64_t b = c.live ? row / (p.heads * p.seqlen) : 0;
+  int64_t h = 0, r = 0, b = 0;
+  if (c.live && rows <= UINT32_MAX) {  // 32-bit division where it fits (64-bit division is a long routine)
+    const auto row32 = static_cast<uint32_t>(row), heads = static_cast<uint32_t>(p.heads);
+    const uint32_t outer = row32 / heads, seqlen = static_cast<uint32_t>(p.seqlen);
+    h = row32 - outer * heads;
+    r = outer % seqlen;
+    b = outer / seqlen;
+  } else if (c.live) {
+    h = row % p.heads;
+    r = (row / p.heads) % p.seqlen;
+    b = row / (p.heads * p.seqlen);
+  }
   int64_t packed = r;
   if (c.live && p.cu_seqlens != nullptr) {
     const int64_t start = p.cu_seqlens[b];
@@ -244,18 +254,15 @@ __device__ __forceinline__ CombineRow combine_row(const CombineParams& p, int64_
   return c;
 }
 
-/// \brief Part s's weight exp(l_s - L) in a live row that is neither NaN nor empty; s the same in
-/// every lane of the warp (a shuffle from the lane that holds it, for the first kLsesInFlight x 32).
-__device__ __forceinline__ float part_weight(const CombineParams& p, const CombineRow& c, int64_t s) {
+/// \brief Part s's weight exp(l_s - L), s < kLsesInFlight x 32 and the same in every lane of the
+/// warp: a shuffle from the lane that holds it.
+__device__ __forceinline__ float held_weight(const CombineRow& c, int s) {
   using namespace combine_detail;
-  if (s < kLsesInFlight * kGroup) {
-    const int slot = static_cast<int>(s) / kGroup;
-    float held = c.weight[0];
+  const int slot = s / kGroup;
+  float held = c.weight[0];
 #pragma unroll
-    for (int u = 1; u < kLsesInFlight; ++u) held = slot == u ? c.weight[u] : held;
-    return __shfl_sync(0xffffffffu, held, static_cast<int>(s) % kGroup);
-  }
-  return expf(c.lses[s * p.lse_part_stride] - c.max_lse) * c.inv_total;
+  for (int u = 1; u < kLsesInFlight; ++u) held = slot == u ? c.weight[u] : held;
+  return __shfl_sync(0xffffffffu, held, s % kGroup);
 }
 
 /// \brief acc += the weighted O of parts [s0, s_end) (at most kIn of them), elements d .. d + 3 of
@@ -265,17 +272,29 @@ __device__ __forceinline__ float part_weight(const CombineParams& p, const Combi
 template <int kIn, typename PartT, bool kVector>
 __device__ __forceinline__ void add_parts(const CombineParams& p, const CombineRow& c, const PartT* parts, int64_t s0,
                                           int64_t s_end, int64_t d, bool active, float4& acc) {
+  using namespace combine_detail;
   float w[kIn];
   float4 o[kIn];
+  if (s_end <= kLsesInFlight * kGroup) {  // every weight held in the warp's registers
 #pragma unroll
-  for (int u = 0; u < kIn; ++u) {
-    const int64_t s = s0 + u;
-    w[u] = s < s_end ? part_weight(p, c, s) : 0.f;
+    for (int u = 0; u < kIn; ++u) {
+      const int s = static_cast<int>(s0) + u;
+      const float held = held_weight(c, s & (kLsesInFlight * kGroup - 1));
+      w[u] = s < s_end ? held : 0.f;
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < kIn; ++u) {
+      const int64_t s = s0 + u;
+      w[u] = s >= s_end ? 0.f
+             : s < kLsesInFlight * kGroup ? held_weight(c, static_cast<int>(s))
+                                          : expf(c.lses[s * p.lse_part_stride] - c.max_lse) * c.inv_total;
+    }
   }
 #pragma unroll
   for (int u = 0; u < kIn; ++u)
-    o[u] = active && w[u] != 0.f ? combine_detail::load4<PartT, kVector>(parts + (s0 + u) * p.part_stride + d)
-                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    o[u] = active && w[u] != 0.f ? load4<PartT, kVector>(parts + (s0 + u) * p.part_stride + d)
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
   for (int u = 0; u < kIn; ++u) {
     acc.x += w[u] * o[u].x;
@@ -332,7 +351,7 @@ __global__ void __launch_bounds__(combine_detail::kThreads) combine_kernel(const
 /// its parts as a chain of round trips to memory, each a few parts long: 128 parts on 32 rows (a
 /// batch-1 MQA decode step) were ~30 us that way (benchmarks/NOTES.md, "The combine of many parts").
 template <typename PartT, typename OutT>
-__global__ void __launch_bounds__(combine_detail::kThreads)
+__global__ void __launch_bounds__(combine_detail::kThreads, 2)
     combine_many_kernel(const __grid_constant__ CombineParams p, int warps_per_row) {
   using namespace combine_detail;
   __shared__ float4 share_sum[kThreads / kGroup][kManySlices * kGroup];
