@@ -567,6 +567,30 @@ def test_probe_table_pairs_trees_sets_and_the_peer():
     assert rows[2] == "| d128 | 1x2048x32x8 | 11.00 | 8.50 (20.0, 8) | 1.294 | 8.50 (19.0) | 1.000 |"
 
 
+def test_merge_probe_torch_merge_matches_merge_attention_states():
+    torch = pytest.importorskip("torch")
+    import os
+    import runpy
+    import sys
+
+    import waveboost
+
+    here = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
+    sys.path.insert(0, here)  # merge_probe.py imports its neighbour decode_bench.py
+    try:
+        torch_merge = runpy.run_path(os.path.join(here, "merge_probe.py"), run_name="wrapper")["torch_merge"]
+    finally:
+        sys.path.remove(here)
+    g = torch.Generator().manual_seed(3)
+    outs = torch.randn(5, 2, 7, 3, 16, generator=g)
+    lses = 3 * torch.randn(5, 2, 3, 7, generator=g)
+    lses[1] = float("-inf")  # a part that saw no key
+    out = torch.empty(2, 7, 3, 16, dtype=torch.bfloat16)
+    torch_merge(outs, lses, out)
+    ref, _ = waveboost.merge_attention_states(outs, lses)
+    assert (out.float() - ref).abs().max().item() <= 2 ** -7 * ref.abs().max().item()
+
+
 class _FakeFA3:
     """flash_attn3_jax's kv-cache entry point, written with jax.nn.dot_product_attention, to run the
     FlashAttention-3 kv-cache adapter's plumbing (splits, paged caches, jitted decode loops) on the CPU."""
