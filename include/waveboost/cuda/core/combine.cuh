@@ -169,7 +169,7 @@ __device__ __forceinline__ bool group_any(bool x) { return __any_sync(0xffffffff
 /// over the warp's lanes (L = max + log(sum exp(l_s - max))). Every lane takes part in the shuffles;
 /// a dead row (past the rows, or past its sequence's length under cu_seqlens) has live false. The
 /// weights exp(l_s - L) of the first kLsesInFlight x 32 parts stay in registers, part s in lane
-/// s % 32's weight[s / 32] (part_weight).
+/// s % 32's weight[s / 32] (held_weight).
 struct CombineRow {
   bool live, nan;
   float max_lse, inv_total, lse;
@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(combine_detail::kThreads) combine_kernel(const
   const PartT* parts = static_cast<const PartT*>(p.parts) + c.parts;
   OutT* out = static_cast<OutT*>(p.out) + c.out;
   const int64_t d4 = p.head_dim / 4 * 4;
-  for (int64_t d0 = 0; d0 < d4; d0 += 4 * kGroup) {  // the whole warp in every pass (part_weight's shuffles)
+  for (int64_t d0 = 0; d0 < d4; d0 += 4 * kGroup) {  // the whole warp in every pass (held_weight's shuffles)
     const int64_t d = d0 + 4 * lane;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     if (c.nan) {
