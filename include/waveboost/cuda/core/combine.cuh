@@ -169,7 +169,7 @@ __device__ __forceinline__ bool group_any(bool x) { return __any_sync(0xffffffff
 /// over the warp's lanes (L = max + log(sum exp(l_s - max))). Every lane takes part in the shuffles;
 /// a dead row (past the rows, or past its sequence's length under cu_seqlens) has live false. The
 /// weights exp(l_s - L) of the first kLsesInFlight x 32 parts stay in registers, part s in lane
-/// s % 32's weight[s / 32] (held_weight).
+/// s % 32's weight[s / 32] (held_weight; loaded_weight reads any part's from memory).
 struct CombineRow {
   bool live, nan;
   float max_lse, inv_total, lse;
@@ -254,6 +254,11 @@ __device__ __forceinline__ CombineRow combine_row(const CombineParams& p, int64_
   return c;
 }
 
+/// \brief Part s's weight exp(l_s - L) from its LSE in memory (any lane, any s).
+__device__ __forceinline__ float loaded_weight(const CombineParams& p, const CombineRow& c, int64_t s) {
+  return expf(c.lses[s * p.lse_part_stride] - c.max_lse) * c.inv_total;
+}
+
 /// \brief Part s's weight exp(l_s - L), s < kLsesInFlight x 32 and the same in every lane of the
 /// warp: a shuffle from the lane that holds it.
 __device__ __forceinline__ float held_weight(const CombineRow& c, int s) {
@@ -288,7 +293,7 @@ __device__ __forceinline__ void add_parts(const CombineParams& p, const CombineR
       const int64_t s = s0 + u;
       w[u] = s >= s_end ? 0.f
              : s < kLsesInFlight * kGroup ? held_weight(c, static_cast<int>(s))
-                                          : expf(c.lses[s * p.lse_part_stride] - c.max_lse) * c.inv_total;
+                                          : loaded_weight(p, c, s);
     }
   }
 #pragma unroll
@@ -334,7 +339,7 @@ __global__ void __launch_bounds__(combine_detail::kThreads) combine_kernel(const
     float acc = c.nan ? NAN : 0.f;
     if (!c.nan && c.max_lse != -INFINITY) {
       for (int64_t s = 0; s < p.num_parts; ++s) {
-        const float w = expf(c.lses[s * p.lse_part_stride] - c.max_lse) * c.inv_total;
+        const float w = loaded_weight(p, c, s);
         if (w != 0.f) acc += w * load_one(parts + s * p.part_stride + d);
       }
     }
