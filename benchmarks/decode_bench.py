@@ -39,6 +39,12 @@ STEPS = 20  # decode steps per CUDA graph, each on its own copy of the cache whi
 REPLAYS = 15
 
 
+def copies_for(nbytes: int) -> int:
+    """Distinct copies of nbytes of inputs for the STEPS calls of a graph: enough to pass 150 MB
+    together (so that HBM is read, not L2), at most one per step."""
+    return min(STEPS, max(1, math.ceil(150e6 / nbytes)))
+
+
 def _graph_step_us(torch, steps_fn):
     """Median GPU time (us) per step of a CUDA graph of STEPS calls steps_fn(i)."""
     side = torch.cuda.Stream()
@@ -89,7 +95,7 @@ def sweep_child() -> None:
     for b, lk, h, hkv in SWEEP_SHAPES:
         d = 128
         kv_bytes = 2 * b * lk * hkv * d * 2
-        copies = min(STEPS, max(1, math.ceil(150e6 / kv_bytes)))
+        copies = copies_for(kv_bytes)
         caches = [tuple(torch.randn(b, lk, hkv, d, generator=g, device="cuda").to(torch.bfloat16) for _ in range(2))
                   for _ in range(copies)]
         q = torch.randn(b, 1, h, d, generator=g, device="cuda").to(torch.bfloat16)

@@ -22,7 +22,6 @@ process per setting.
 """
 import argparse
 import json
-import math
 
 import torch
 
@@ -30,7 +29,7 @@ import waveboost
 from waveboost.bench.hardware import peak_bandwidth
 from waveboost.bench.impls import paged_cache
 
-from decode_bench import STEPS, _graph_step_us, _kernel_us  # this script's folder
+from decode_bench import _graph_step_us, _kernel_us, copies_for  # this script's folder
 
 SHAPES = ((16, 8192, 32, 8), (64, 4096, 64, 8), (128, 2048, 32, 8), (1, 32768, 32, 8), (1, 2048, 32, 8),
           (32, 8192, 32, 1))  # (batch, KV length, heads, kv heads)
@@ -64,7 +63,7 @@ def main() -> None:
     for batch, keys, heads, heads_kv in shapes:
         d = args.head_dim
         kv_bytes = 2 * batch * keys * heads_kv * d * 2
-        copies = min(STEPS, max(1, math.ceil(150e6 / kv_bytes)))
+        copies = copies_for(kv_bytes)
 
         def cache(*shape):
             return torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)

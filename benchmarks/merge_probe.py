@@ -13,14 +13,13 @@ Each is timed as a CUDA graph of decode_bench.STEPS merges over distinct part co
 """
 import argparse
 import json
-import math
 
 import torch
 
 import waveboost
 from waveboost.bench.hardware import peak_bandwidth
 
-from decode_bench import STEPS, _graph_step_us  # this script's folder
+from decode_bench import _graph_step_us, copies_for  # this script's folder
 
 # (parts, batch, L, heads, head_dim): ring shards of one long sequence (2-8 parts), a batch of
 # prefix + suffix pairs (cascade), and the many small parts of a split decode step.
@@ -56,7 +55,7 @@ def main() -> None:
             dtype = getattr(torch, dtype_name)
             part_bytes = parts * b * length * h * d * dtype.itemsize + parts * b * h * length * 4
             moved = part_bytes + b * length * h * d * 2
-            copies = min(STEPS, max(1, math.ceil(150e6 / part_bytes)))
+            copies = copies_for(part_bytes)
             outs = [torch.randn(parts, b, length, h, d, generator=gen, device="cuda").to(dtype) for _ in range(copies)]
             lses = [3 * torch.randn(parts, b, h, length, generator=gen, device="cuda") for _ in range(copies)]
             out = torch.empty(b, length, h, d, device="cuda", dtype=torch.bfloat16)
