@@ -45,6 +45,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="parts x batch x L x heads x head_dim, comma-separated (default: "
                     + ",".join("x".join(map(str, s)) for s in SHAPES) + ")")
     args = ap.parse_args()
+    if not set(args.impls.split(",")) <= {"waveboost", "torch"}:
+        ap.error(f"--impls takes waveboost and torch; got {args.impls!r}")
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     peak, _ = peak_bandwidth("cuda", torch.cuda.get_device_name(), args.peak_gbs, torch.cuda.current_device())
     if peak is None:
@@ -60,13 +62,12 @@ def main() -> None:
             lses = [3 * torch.randn(parts, b, h, length, generator=gen, device="cuda") for _ in range(copies)]
             out = torch.empty(b, length, h, d, device="cuda", dtype=torch.bfloat16)
             res = {"shape": [parts, b, length, h, d], "parts_dtype": dtype_name, "tag": args.tag}
-            if "waveboost" in args.impls:
-                us = _graph_step_us(torch, lambda i: waveboost.merge_attention_states(outs[i % copies], lses[i % copies],
-                                                                                      out=out))
-                res.update(waveboost=round(us, 2), waveboost_pct=round(100 * moved / us / 1e3 / peak, 1))
-            if "torch" in args.impls:
-                us = _graph_step_us(torch, lambda i: torch_merge(outs[i % copies], lses[i % copies], out))
-                res.update(torch=round(us, 2), torch_pct=round(100 * moved / us / 1e3 / peak, 1))
+            merges = {"waveboost": lambda i: waveboost.merge_attention_states(outs[i % copies], lses[i % copies],
+                                                                             out=out),
+                      "torch": lambda i: torch_merge(outs[i % copies], lses[i % copies], out)}
+            for impl in args.impls.split(","):
+                us = _graph_step_us(torch, merges[impl])
+                res.update({impl: round(us, 2), impl + "_pct": round(100 * moved / us / 1e3 / peak, 1)})
             print(json.dumps(res), flush=True)
             del outs, lses
 
