@@ -312,9 +312,11 @@ __device__ __forceinline__ void add_parts(const CombineParams& p, const CombineR
 /// \brief One output row per warp, rows in (batch, row, head) order so that consecutive warps
 /// write consecutive heads. kVector: every base pointer and stride allows
 /// 4-element vector accesses and head_dim % 4 == 0; otherwise head_dim is walked 4 (then 1)
-/// at a time with scalar accesses.
+/// at a time with scalar accesses. Two blocks per SM: with that bound ptxas issues a batch's
+/// kManyParts O loads together (fp32 parts); without it, one or three at a time, each waited for
+/// by its FMAs.
 template <typename PartT, typename OutT, bool kVector>
-__global__ void __launch_bounds__(combine_detail::kThreads) combine_kernel(const __grid_constant__ CombineParams p) {
+__global__ void __launch_bounds__(combine_detail::kThreads, 2) combine_kernel(const __grid_constant__ CombineParams p) {
   using namespace combine_detail;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kGroup;
   const int lane = threadIdx.x % kGroup;
