@@ -420,7 +420,7 @@ def test_unused_cache_slots_never_reach_the_output(d, heads, heads_kv, lq, page_
 
 
 def test_cp_async_pipeline():
-    """On sm_90 dense and paged caches stream by TMA (tiles of <= 32 rows); the cp.async kernel that
+    """On sm_90 dense and paged caches stream by TMA; the cp.async kernel that
     other devices run is checked here by the dense and paged tests again in a child process with
     WAVEBOOST_DECODE_PIPELINE=cp.async (read once per process)."""
     pytest_in_child(__file__,

@@ -137,7 +137,8 @@ SHAPES = {
     # At least 2048 query rows (head dim 64 runs the TMA kernel from there); 272 blocks: unsplit below 544 SMs.
     ("wgmma", "tma"): (2, 2100, 1777, 8, 2),
     ("wgmma", ""): (1, 64, 4097, 1, 1),
-    # 64 query rows per kv head: the cp.async kernel on every device (the TMA variant takes <= 32).
+    # 64 query rows per kv head; K/V shared by the batch (a batch stride of 0, which TMA cannot
+    # describe): the cp.async kernel on every device.
     ("decode", ""): (3, 1, 1500, 64, 1),
     ("decode", "tma"): (3, 1, 1500, 16, 4),
 }
@@ -160,6 +161,8 @@ def test_every_kernel_of_the_table_runs(row):
     g = torch.Generator(device="cuda").manual_seed(sum(map(ord, row["name"])))
     mk = lambda *s: torch.randn(*s, generator=g, device="cuda").to(dtype)  # noqa: E731
     q, k, v = mk(b, lq, h, d), mk(b, lk, hkv, d), mk(b, lk, hkv, d)
+    if (row["backend"], row["variant"]) == ("decode", ""):
+        k, v = k[:1].expand_as(k), v[:1].expand_as(v)
     scale = 1 / math.sqrt(d)
     if row["pass"] == "forward":
         plan = waveboost.plan(q, k, v, causal=True, backend=row["backend"])
@@ -214,9 +217,11 @@ def test_plan_names_the_tma_kernel_and_the_split():
     plan = waveboost.plan(q, k, k, backend="wgmma")
     assert plan["kernel"] == "wgmma_hdim64_bf16" and plan["num_splits"] > 1 and plan["merge"] == "combine-kernel", plan
     assert not plan["persistent"]
-    # Decode on a dense cache: the TMA variant for tiles of up to 32 rows; 64 rows, and paged caches,
-    # take the cp.async kernel.
+    # Decode on a dense cache: the TMA variant for tiles of 16, 32 and 64 rows; K/V that TMA cannot
+    # describe (a batch stride of 0) take the cp.async kernel.
     q, k = mk(16, 1, 32, 128), mk(16, 4096, 8, 128)
     assert waveboost.plan(q, k, k, backend="decode")["kernel"] == "decode_tma_hdim128_bf16"
     q, k = mk(16, 1, 64, 128), mk(16, 4096, 1, 128)
+    assert waveboost.plan(q, k, k, backend="decode")["kernel"] == "decode_tma_hdim128_bf16"
+    k = k[:1].expand_as(k)
     assert waveboost.plan(q, k, k, backend="decode")["kernel"] == "decode_hdim128_bf16"

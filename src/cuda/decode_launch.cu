@@ -42,7 +42,7 @@ constexpr int kDecodeBlocksPerSM = 2;
 //    (H200, pages of 16: 1.50x over one block per SM at batch 16 x 8k, 1.12x at batch 1 x 32k).
 //  - 32- and 64-row tiles: two blocks per SM (measured on 64-row tiles; 32-row tiles follow them),
 //    but one for the TMA variant of whole-tile boxes on such fast-memory devices (32-row tiles, MQA:
-//    1.06x on an H200).
+//    1.06x on an H200), and one for the TMA variant's 64-row tiles anywhere (two do not fit an SM).
 // On those devices the TMA variant's K/V boxes also bring only their own 128 B rows into L2
 // (decode_l2_promotion): there the L2, not the DRAM, is the limit, and the 256 B promotion that
 // suits an H100 costs 3-6%.
@@ -146,8 +146,10 @@ int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_p
   const bool fast_memory = bandwidth_per_sm >= kFastMemoryMBps;
   const int block_n = static_cast<int>(decode_block_n(p.head_dim));
   const bool tile_boxes = tma && decode_tma_box_rows(p.is_paged(), p.page_size, block_n) == block_n;
-  if (decode_block_m(p) != 16)
-    return splits_for_wave(p, multiprocessors, tile_boxes && fast_memory ? 1 : kDecodeBlocksPerSM);
+  if (decode_block_m(p) != 16) {
+    const int fit = tma ? decode_tma_blocks_per_sm(p) : kDecodeBlocksPerSM;
+    return splits_for_wave(p, multiprocessors, tile_boxes && fast_memory ? 1 : fit);
+  }
   int splits = splits_for_wave(p, multiprocessors, 1);
   if (!tile_boxes && fast_memory) {
     const int two = splits_for_wave(p, multiprocessors, 2);

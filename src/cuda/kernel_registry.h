@@ -81,7 +81,7 @@ bool wgmma_tma_fits(const AttentionParams& p);
 bool wgmma_tma_persistent(const AttentionParams& p);
 
 // Whether the decode kernel's TMA variant ("tma") takes p: a dense cache (not packed) or one in
-// power-of-two pages of >= 16 keys, tiles of 16 or 32 rows, K and V that TMA can describe (layout checks, no driver call;
+// power-of-two pages of >= 16 keys, K and V that TMA can describe (layout checks, no driver call;
 // src/cuda/sm90/decode_tma.cu, only in builds with sm_90a objects).
 bool decode_tma_applies(const AttentionParams& p);
 

@@ -202,6 +202,7 @@ def serving_calls(g):
     for b, lq, lk, h, hkv, d, causal in ((1, 1, 700, 8, 2, 128, False), (2, 3, 131, 8, 1, 64, True),
                                          (1, 2, 5, 64, 1, 128, True), (3, 1, 97, 4, 4, 64, False),
                                          (2, 1, 1500, 32, 1, 128, False),
+                                         (1, 1, 3000, 64, 1, 128, False),  # one 64-row tile, 47 pieces
                                          (1, 1, 2048, 32, 8, 128, False)):  # sm_90: 8 pieces, one cluster each
         q, k, v = mk(b, lq, h, d), mk(b, lk, hkv, d), mk(b, lk, hkv, d)
         calls.append((f"decode dense {(b, lq, lk, h, hkv, d, causal)}",

@@ -7,7 +7,7 @@
 // per query head. (More rows than kBlockM take further row tiles, each reading the keys again.)
 // K/V tiles of kBlockN keys stream through kStages shared-memory stages with 16 B cp.async,
 // their addresses from core::KVAddress (dense, packed or paged: the page of key j through the
-// block table); on sm_90, dense and paged caches in tiles of 16 or 32 rows stream by TMA instead
+// block table); on sm_90, dense and paged caches stream by TMA instead
 // (kTma, decode_tma_takes: one thread loads each tile as 64-column boxes that complete an mbarrier per stage, and issues tile
 // i + kStages - 1 before the wait for tile i). Scores and P V run on mma.sync m16n8k16 with fp32
 // accumulators and the online softmax in fp32, FlashAttention-2 style; with kBlockM = 16 the four
@@ -898,13 +898,18 @@ Status launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStr
 }
 /// \brief Whether the TMA decode kernel takes p's layout: a cache with keys, dense (not packed by
 /// cu_seqlens_k) or paged in power-of-two pages of at least 16 keys (a box of 16 rows keeps the 1 KB
-/// swizzle atom), and tiles of 16 or 32 rows (a 64-row tile with the alignment slack no longer fits
-/// two blocks per SM). Whether TMA can describe K and V (extents under 2^31, so key rows and page ids
-/// fit the maps' int coordinates) is checked apart (tma::kv_maps_fit, tma::encode_kv_maps).
+/// swizzle atom), tiles of any height (64-row tiles, with the stages' alignment slack, take one
+/// block per SM: decode_tma_blocks_per_sm). Whether TMA can describe K and V (extents under 2^31, so
+/// key rows and page ids fit the maps' int coordinates) is checked apart (tma::kv_maps_fit,
+/// tma::encode_kv_maps).
 inline bool decode_tma_takes(const AttentionParams& p) {
   const bool layout = p.is_paged() ? p.page_size >= 16 && (p.page_size & (p.page_size - 1)) == 0 : !p.is_varlen_k();
-  return layout && p.seqlen_k > 0 && decode_block_m(p) <= 32;
+  return layout && p.seqlen_k > 0;
 }
+/// \brief Blocks of the TMA decode kernel that fit one SM's 228 KB of shared memory at most, by
+/// tile height: two of 16 and 32 rows, one of 64 (16 KB of Q, 96 KB of K/V stages and the 1 KB
+/// alignment slack, twice, pass the SM's limit with the 1 KB each block reserves).
+inline int decode_tma_blocks_per_sm(const AttentionParams& p) { return decode_block_m(p) == 64 ? 1 : 2; }
 
 /// \brief The decode kernel with K/V tiles by TMA (sm_90); NotSupported, nothing launched, where
 /// decode_tma_takes(p) is false or TMA cannot describe K or V (the caller then runs launch_decode).
@@ -912,9 +917,11 @@ template <typename Element, int kHeadDim>
 Status launch_decode_tma(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
   if (!decode_tma_takes(p))
     return Status::NotSupported("the TMA decode kernel reads dense caches and caches in power-of-two pages of >= 16 "
-                                "keys, in tiles of <= 32 rows");
-  if (decode_block_m(p) == 16) return launch_decode_kernel<Element, kHeadDim, 16, true>(p, split, stream);
-  return launch_decode_kernel<Element, kHeadDim, 32, true>(p, split, stream);
+                                "keys");
+  const int64_t block_m = decode_block_m(p);
+  if (block_m == 16) return launch_decode_kernel<Element, kHeadDim, 16, true>(p, split, stream);
+  if (block_m == 32) return launch_decode_kernel<Element, kHeadDim, 32, true>(p, split, stream);
+  return launch_decode_kernel<Element, kHeadDim, 64, true>(p, split, stream);
 }
 inline int64_t decode_block_n(int64_t head_dim) {
   return head_dim == 64 ? DecodeTraits<__half, 64, 16>::kBlockN : DecodeTraits<__half, 128, 16>::kBlockN;
