@@ -296,10 +296,26 @@ __device__ __forceinline__ void add_parts(const CombineParams& p, const CombineR
                                           : loaded_weight(p, c, s);
     }
   }
+  if constexpr (kVector && !std::is_same_v<PartT, float>) {
+    // 16-bit parts: the raw 8 B of every part first, converted once all are loaded (converted as
+    // each lands, ptxas kept only 3-4 loads in flight).
+    uint2 bits[kIn];
 #pragma unroll
-  for (int u = 0; u < kIn; ++u)
-    o[u] = active && w[u] != 0.f ? load4<PartT, kVector>(parts + (s0 + u) * p.part_stride + d)
-                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int u = 0; u < kIn; ++u)
+      bits[u] = active && w[u] != 0.f ? *reinterpret_cast<const uint2*>(parts + (s0 + u) * p.part_stride + d)
+                                      : make_uint2(0u, 0u);
+#pragma unroll
+    for (int u = 0; u < kIn; ++u) {
+      PartT e[4];
+      memcpy(e, &bits[u], sizeof(bits[u]));
+      o[u] = make_float4(load_one(e), load_one(e + 1), load_one(e + 2), load_one(e + 3));
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < kIn; ++u)
+      o[u] = active && w[u] != 0.f ? load4<PartT, kVector>(parts + (s0 + u) * p.part_stride + d)
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 #pragma unroll
   for (int u = 0; u < kIn; ++u) {
     acc.x += w[u] * o[u].x;
