@@ -42,7 +42,8 @@ constexpr int kDecodeBlocksPerSM = 2;
 //    (H200, pages of 16: 1.50x over one block per SM at batch 16 x 8k, 1.12x at batch 1 x 32k).
 //  - 32- and 64-row tiles: two blocks per SM (measured on 64-row tiles; 32-row tiles follow them),
 //    but one for the TMA variant of whole-tile boxes on such fast-memory devices (32-row tiles, MQA:
-//    1.06x on an H200), and one for the TMA variant's 64-row tiles anywhere (two do not fit an SM).
+//    1.06x on an H200), and one for the TMA variant's 64-row tiles anywhere (two do not fit an SM; that
+//    variant takes 64-row tiles only with whole-tile boxes, decode_tma_takes).
 // On those devices the TMA variant's K/V boxes also bring only their own 128 B rows into L2
 // (decode_l2_promotion): there the L2, not the DRAM, is the limit, and the 256 B promotion that
 // suits an H100 costs 3-6%.

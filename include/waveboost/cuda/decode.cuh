@@ -898,13 +898,17 @@ Status launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStr
 }
 /// \brief Whether the TMA decode kernel takes p's layout: a cache with keys, dense (not packed by
 /// cu_seqlens_k) or paged in power-of-two pages of at least 16 keys (a box of 16 rows keeps the 1 KB
-/// swizzle atom), tiles of any height (64-row tiles, with the stages' alignment slack, take one
-/// block per SM: decode_tma_blocks_per_sm). Whether TMA can describe K and V (extents under 2^31, so
-/// key rows and page ids fit the maps' int coordinates) is checked apart (tma::kv_maps_fit,
+/// swizzle atom). Tiles of 16 and 32 rows on either; 64-row tiles, which with the stages' alignment
+/// slack take one block per SM (decode_tma_blocks_per_sm), only where each box is a whole key tile
+/// (dense, or pages of at least a tile): a box per smaller page wants the two blocks per SM that the
+/// cp.async kernel keeps there. Whether TMA can describe K and V (extents under 2^31, so key rows
+/// and page ids fit the maps' int coordinates) is checked apart (tma::kv_maps_fit,
 /// tma::encode_kv_maps).
 inline bool decode_tma_takes(const AttentionParams& p) {
   const bool layout = p.is_paged() ? p.page_size >= 16 && (p.page_size & (p.page_size - 1)) == 0 : !p.is_varlen_k();
-  return layout && p.seqlen_k > 0;
+  const int block_n = p.head_dim == 64 ? DecodeTraits<__half, 64, 16>::kBlockN : DecodeTraits<__half, 128, 16>::kBlockN;
+  const bool tile_boxes = decode_tma_box_rows(p.is_paged(), p.page_size, block_n) == block_n;
+  return layout && p.seqlen_k > 0 && (decode_block_m(p) <= 32 || tile_boxes);
 }
 /// \brief Blocks of the TMA decode kernel that fit one SM's 228 KB of shared memory at most, by
 /// tile height: two of 16 and 32 rows, one of 64 (16 KB of Q, 96 KB of K/V stages and the 1 KB
