@@ -145,8 +145,7 @@ int splits_for_last_wave(const AttentionParams& p, int multiprocessors, bool til
 int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_per_sm, bool tma) {
   if (const int forced = forced_blocks_per_sm(); forced > 0) return splits_for_wave(p, multiprocessors, forced);
   const bool fast_memory = bandwidth_per_sm >= kFastMemoryMBps;
-  const int block_n = static_cast<int>(decode_block_n(p.head_dim));
-  const bool tile_boxes = tma && decode_tma_box_rows(p.is_paged(), p.page_size, block_n) == block_n;
+  const bool tile_boxes = tma && decode_tma_tile_boxes(p);
   if (decode_block_m(p) != 16) {
     const int fit = tma ? decode_tma_blocks_per_sm(p) : kDecodeBlocksPerSM;
     return splits_for_wave(p, multiprocessors, tile_boxes && fast_memory ? 1 : fit);

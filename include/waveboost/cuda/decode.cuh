@@ -896,6 +896,15 @@ Status launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStr
   if (block_m == 32) return launch_decode_kernel<Element, kHeadDim, 32>(p, split, stream);
   return launch_decode_kernel<Element, kHeadDim, 64>(p, split, stream);
 }
+inline int64_t decode_block_n(int64_t head_dim) {
+  return head_dim == 64 ? DecodeTraits<__half, 64, 16>::kBlockN : DecodeTraits<__half, 128, 16>::kBlockN;
+}
+/// \brief Whether each of the TMA variant's K/V boxes for p is a whole key tile (a dense cache, or
+/// pages of at least a tile) rather than a page of fewer keys (decode_tma_box_rows).
+inline bool decode_tma_tile_boxes(const AttentionParams& p) {
+  const int block_n = static_cast<int>(decode_block_n(p.head_dim));
+  return decode_tma_box_rows(p.is_paged(), p.page_size, block_n) == block_n;
+}
 /// \brief Whether the TMA decode kernel takes p's layout: a cache with keys, dense (not packed by
 /// cu_seqlens_k) or paged in power-of-two pages of at least 16 keys (a box of 16 rows keeps the 1 KB
 /// swizzle atom). Tiles of 16 and 32 rows on either; 64-row tiles, which with the stages' alignment
@@ -906,9 +915,7 @@ Status launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStr
 /// tma::encode_kv_maps).
 inline bool decode_tma_takes(const AttentionParams& p) {
   const bool layout = p.is_paged() ? p.page_size >= 16 && (p.page_size & (p.page_size - 1)) == 0 : !p.is_varlen_k();
-  const int block_n = p.head_dim == 64 ? DecodeTraits<__half, 64, 16>::kBlockN : DecodeTraits<__half, 128, 16>::kBlockN;
-  const bool tile_boxes = decode_tma_box_rows(p.is_paged(), p.page_size, block_n) == block_n;
-  return layout && p.seqlen_k > 0 && (decode_block_m(p) <= 32 || tile_boxes);
+  return layout && p.seqlen_k > 0 && (decode_block_m(p) <= 32 || decode_tma_tile_boxes(p));
 }
 /// \brief Blocks of the TMA decode kernel that fit one SM's 228 KB of shared memory at most, by
 /// tile height: two of 16 and 32 rows, one of 64 (16 KB of Q, 96 KB of K/V stages and the 1 KB
@@ -926,9 +933,6 @@ Status launch_decode_tma(const AttentionParams& p, const DecodeSplit& split, cud
   if (block_m == 16) return launch_decode_kernel<Element, kHeadDim, 16, true>(p, split, stream);
   if (block_m == 32) return launch_decode_kernel<Element, kHeadDim, 32, true>(p, split, stream);
   return launch_decode_kernel<Element, kHeadDim, 64, true>(p, split, stream);
-}
-inline int64_t decode_block_n(int64_t head_dim) {
-  return head_dim == 64 ? DecodeTraits<__half, 64, 16>::kBlockN : DecodeTraits<__half, 128, 16>::kBlockN;
 }
 
 }  // namespace waveboost::cuda
