@@ -163,20 +163,24 @@ def test_gpu_merge(rng, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_parts,head_dim", [(17, 128), (40, 64), (130, 128), (300, 256), (70, 260), (33, 6),
-                                                (20, 96), (5, 160), (3, 130)],
+                                                (20, 96), (5, 160), (3, 130), (2, 256), (8, 64), (7, 36),
+                                                (12, 128)],
                          ids=["17p-d128", "40p-d64", "130p-d128", "300p-d256", "70p-d260", "33p-d6", "20p-d96",
-                              "5p-d160", "3p-d130"])
+                              "5p-d160", "3p-d130", "2p-d256", "8p-d64", "7p-d36", "12p-d128"])
 def test_gpu_merge_many_parts(rng, num_parts, head_dim):
-    # Past 16 parts (head dims up to 256, vector layouts) 2-8 warps share each row; d260, d6 and the
-    # cases of 16 parts or fewer take the one-warp kernel (d160: two passes over the row, the second
-    # with a quarter of the lanes; d130: scalar accesses and a tail). Rows with -inf parts (NaN outputs there), a row of only -inf parts (zeros,
-    # LSE -inf) and a row with a NaN LSE (NaN) in every case.
+    # Past 16 parts (head dims up to 256, vector layouts) 2-8 warps share each row; up to 8 parts
+    # (vector layouts, head dims up to 256) one warp loads a row's LSEs and O together (d160, d256: two
+    # slices per lane, d36: 9 lanes); d260, d6, d130 (scalar accesses and a tail) and 9-16 parts
+    # (12p) take the one-warp kernel that loads O after the LSEs. Rows with -inf
+    # parts (NaN outputs there), a row of only -inf parts (zeros, LSE -inf) and a row with a NaN LSE
+    # (NaN) in every case.
     import torch
 
     outs = rng.standard_normal((num_parts, 2, 5, 3, head_dim)).astype(np.float32)
     lses = (rng.standard_normal((num_parts, 2, 3, 5)) * 3).astype(np.float32)
-    lses[1::3] = -np.inf
-    outs[1::3] = np.nan
+    dead = slice(1, None, 3) if num_parts > 2 else (1, 0)  # two parts: part 1 of batch 0 only
+    lses[dead] = -np.inf
+    outs[dead] = np.nan
     lses[:, 1, 2, 4] = -np.inf
     lses[num_parts // 2, 0, 1, 3] = np.nan
     ref, ref_lse = merge_states_ref(outs, lses)

@@ -27,6 +27,14 @@ Status launch_typed(const CombineParams& p, cudaStream_t stream) {
                       aligned_to(p.out, 4 * sizeof(OutT)) &&
                       ((p.part_stride | p.part_batch_stride | p.part_row_stride | p.part_head_stride |
                         p.o_batch_stride | p.o_row_stride | p.o_head_stride) & 3) == 0;
+  if (vector && p.num_parts <= kFewParts && p.head_dim <= kManyMaxDim) {
+    // One round trip per row, with as few registers as the part count allows.
+    const auto few = p.num_parts <= 2   ? combine_few_kernel<2, PartT, OutT>
+                     : p.num_parts <= 4 ? combine_few_kernel<4, PartT, OutT>
+                                        : combine_few_kernel<kFewParts, PartT, OutT>;
+    few<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+    return cuda_status(cudaGetLastError(), "combine_few_kernel launch");
+  }
   if (vector && p.num_parts > kManyParts && p.head_dim <= kManyMaxDim) {
     // 2-8 warps per row, each with at most kManyParts parts where 8 warps allow.
     int warps_per_row = 2;

@@ -249,6 +249,13 @@ def serving_calls(g):
     lses[0] = float("-inf")
     calls.append(("merge_attention_states", lambda: waveboost.merge_attention_states(
         outs, lses, out=torch.empty(2, 5, 4, 64, device="cuda", dtype=bf))))
+    # 6 bf16 parts at head dim 160: every part's two slices loaded with the LSEs (core::combine_few_kernel),
+    # the second slice by a quarter of the lanes; a -inf part and a row of only -inf parts.
+    outs6, lses6 = mk(6, 2, 3, 5, 160, dtype=bf), mk(6, 2, 5, 3, dtype=torch.float32)
+    lses6[2] = float("-inf")
+    lses6[:, 0, 1, 2] = float("-inf")
+    calls.append(("merge_attention_states, 6 parts d160", lambda: waveboost.merge_attention_states(
+        outs6, lses6, out=torch.empty(2, 3, 5, 160, device="cuda", dtype=bf))))
     # 40 parts: four warps share each row (core::combine_many_kernel); a row of only -inf parts.
     outs40, lses40 = mk(40, 2, 3, 5, 128, dtype=torch.float32), mk(40, 2, 5, 3, dtype=torch.float32)
     lses40[::3] = float("-inf")
