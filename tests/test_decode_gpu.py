@@ -202,7 +202,8 @@ def test_grid_just_past_one_wave_splits_its_last_wave():
     (24, 1, 64, 1, 128 * 9 + 7, False),   # 24 rows: a partial 32-row tile
     (8, 1, 128, 3, 1001, True),           # 24 causal rows (3 queries x 8 heads) in a 32-row tile
     (16, 2, 128, 2, 64 * 40 + 3, True),   # 32 causal rows per kv head, 2 kv heads
-    (32, 1, 128, 16, 3001, True),         # 16 causal queries at MQA: 512 rows, eight 64-row tiles
+    (32, 1, 128, 16, 3001, True),         # 16 causal queries at MQA: 512 rows (8 tiles of 64; 4 of 128 by TMA)
+    (32, 1, 128, 5, 2000, True),          # 160 causal rows: by TMA a full and a partial 128-row tile
 ])
 def test_every_split_piece_counts(heads, heads_kv, d, lq, lk, causal):
     g = gen(lk * 7 + heads)

@@ -80,8 +80,12 @@ int max_splits() {
   return cap;
 }
 
-int64_t decode_row_tiles(const AttentionParams& p) {
-  const int64_t block_m = decode_block_m(p);
+// Row tiles per (sequence, kv head); tma: of the TMA variant, whose tiles past 128 rows are 128 rows
+// (decode_tma_block_m). The cp.async count is never smaller: the arrival counters and the grid
+// limit take it, so that a call whose tensor maps are refused (it then runs the cp.async kernel)
+// stays inside them.
+int64_t decode_row_tiles(const AttentionParams& p, bool tma = false) {
+  const int64_t block_m = tma ? decode_tma_block_m(p) : decode_block_m(p);
   return (p.seqlen_q * (p.heads / p.heads_kv) + block_m - 1) / block_m;
 }
 int64_t decode_key_tiles(const AttentionParams& p) {
@@ -92,8 +96,8 @@ int64_t decode_key_tiles(const AttentionParams& p) {
 // SM. The grid without splits has batch x kv heads x row tiles blocks; when that is under a wave,
 // the keys are cut so that the pieces fill it, each piece at least one key tile of the longest
 // sequence. A grid of a full wave or more is left whole: merging pieces would only add work.
-int splits_for_wave(const AttentionParams& p, int multiprocessors, int blocks_per_sm) {
-  const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p);
+int splits_for_wave(const AttentionParams& p, int multiprocessors, int blocks_per_sm, bool tma) {
+  const int64_t blocks = p.batch * p.heads_kv * decode_row_tiles(p, tma);
   const int64_t slots = int64_t{blocks_per_sm} * multiprocessors;
   if (blocks <= 0 || blocks >= slots) return 1;
   const int64_t key_tiles = decode_key_tiles(p);
@@ -143,16 +147,16 @@ int splits_for_last_wave(const AttentionParams& p, int multiprocessors, bool til
 // The wave the split count fills (see above), then the pieces for it; tma: the launch takes the
 // TMA variant (decode_variant).
 int decode_splits(const AttentionParams& p, int multiprocessors, int bandwidth_per_sm, bool tma) {
-  if (const int forced = forced_blocks_per_sm(); forced > 0) return splits_for_wave(p, multiprocessors, forced);
+  if (const int forced = forced_blocks_per_sm(); forced > 0) return splits_for_wave(p, multiprocessors, forced, tma);
   const bool fast_memory = bandwidth_per_sm >= kFastMemoryMBps;
   const bool tile_boxes = tma && decode_tma_tile_boxes(p);
   if (decode_block_m(p) != 16) {
     const int fit = tma ? decode_tma_blocks_per_sm(p) : kDecodeBlocksPerSM;
-    return splits_for_wave(p, multiprocessors, tile_boxes && fast_memory ? 1 : fit);
+    return splits_for_wave(p, multiprocessors, tile_boxes && fast_memory ? 1 : fit, tma);
   }
-  int splits = splits_for_wave(p, multiprocessors, 1);
+  int splits = splits_for_wave(p, multiprocessors, 1, tma);
   if (!tile_boxes && fast_memory) {
-    const int two = splits_for_wave(p, multiprocessors, 2);
+    const int two = splits_for_wave(p, multiprocessors, 2, tma);
     if (decode_key_tiles(p) >= kMinTilesPerPiece * two) splits = two;
   }
   return splits == 1 ? splits_for_last_wave(p, multiprocessors, tile_boxes) : splits;

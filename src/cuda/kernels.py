@@ -146,7 +146,7 @@ FAMILIES = {
         backend="decode", passes="forward", header="waveboost/cuda/decode.cuh",
         launch="launch_decode_tma<{T}, {D}>(p, *l.decode, l.stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),
         smem=None, min_cc=90, max_cc=90, vector_elements={"fp16": 8, "bf16": 8}, variant="tma", sm90a=True,
-        note="the decode kernel with K/V tiles by TMA; dense and paged caches, tiles of 16, 32 or 64 rows"),
+        note="the decode kernel with K/V tiles by TMA; dense and paged caches, tiles of 16, 32, 64 or 128 rows"),
     "bwd_mma": Family(
         backend="mma", passes="backward", header="waveboost/cuda/flash_bwd_mma.cuh",
         launch="launch_flash_bwd_mma<{T}, {D}>(p, workspace, stream)", dtypes=("fp16", "bf16"), head_dims=(64, 128),

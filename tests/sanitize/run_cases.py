@@ -203,6 +203,7 @@ def serving_calls(g):
                                          (1, 2, 5, 64, 1, 128, True), (3, 1, 97, 4, 4, 64, False),
                                          (2, 1, 1500, 32, 1, 128, False),
                                          (1, 1, 3000, 64, 1, 128, False),  # one 64-row tile, 47 pieces
+                                         (1, 8, 3000, 32, 1, 128, True),  # sm_90: two 128-row tiles, split
                                          (1, 1, 2048, 32, 8, 128, False)):  # sm_90: 8 pieces, one cluster each
         q, k, v = mk(b, lq, h, d), mk(b, lk, hkv, d), mk(b, lk, hkv, d)
         calls.append((f"decode dense {(b, lq, lk, h, hkv, d, causal)}",

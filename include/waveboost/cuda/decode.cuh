@@ -41,8 +41,8 @@ constexpr int kDecodeMaxSplits = 128;
 /// \tparam Element_  __half or __nv_bfloat16.
 /// \tparam kHeadDim_ 64 or 128.
 /// \tparam kBlockM_  query rows per block: 16 (the four warps split the keys of a tile), 32 (two
-///                   warps of 16 rows, each pair splitting the keys) or 64 (each warp owns 16
-///                   rows, as FlashAttention-2).
+///                   warps of 16 rows, each pair splitting the keys), 64 (each warp owns 16
+///                   rows, as FlashAttention-2) or 128 (eight warps of 16 rows; the TMA variant).
 /// \tparam kTma_    K/V tiles by TMA (one thread, boxes of 64 columns, an mbarrier per stage; sm_90,
 ///                   dense and paged caches) instead of 16 B cp.async from every thread.
 template <typename Element_, int kHeadDim_, int kBlockM_, bool kTma_ = false>
@@ -51,7 +51,7 @@ struct DecodeTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr bool kTma = kTma_;
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = kBlockM_ == 128 ? 8 : 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpsM = kBlockM / 16;         // warps along the rows
   static constexpr int kWarpsN = kWarps / kWarpsM;     // warps along the keys of a tile
@@ -80,11 +80,12 @@ struct DecodeTraits {
   static constexpr int kPanels = kHeadDim / kPanelCols;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
-  static_assert(kBlockM == 16 || kBlockM == 32 || kBlockM == 64, "16, 32 or 64 rows");
+  static_assert(kBlockM == 16 || kBlockM == 32 || kBlockM == 64 || kBlockM == 128, "16, 32, 64 or 128 rows");
   static_assert(kWarpKeys % 16 == 0, "a warp scores whole k16 slices of keys");
   static_assert(kChunksPerRow >= 8 && kRowsPerCopyPass % 8 == 0, "swizzle period");
   static_assert(kBlockN % kRowsPerCopyPass == 0 && kBlockM % kRowsPerCopyPass == 0, "whole copy passes");
-  static_assert(kEpilogueBytes + kPieceBytes <= kKVBytes, "the epilogue and a cluster's piece reuse the K/V stages");
+  static_assert(kEpilogueBytes + (kBlockM == 16 ? kPieceBytes : 0) <= kKVBytes,
+                "the epilogue (and a cluster's piece: 16-row tiles) reuse the K/V stages");
   static_assert(kEpilogueBytes % 16 == 0, "the piece's O quads are 16 B aligned");
 };
 
@@ -917,10 +918,18 @@ inline bool decode_tma_takes(const AttentionParams& p) {
   const bool layout = p.is_paged() ? p.page_size >= 16 && (p.page_size & (p.page_size - 1)) == 0 : !p.is_varlen_k();
   return layout && p.seqlen_k > 0 && (decode_block_m(p) <= 32 || decode_tma_tile_boxes(p));
 }
+/// \brief Query rows per tile of the TMA variant (where decode_tma_takes(p)): decode_block_m's 16, 32 or
+/// 64, and 128 in place of 64 past 128 rows per kv head (eight warps), so that each 128 rows read the
+/// keys once, not twice. At exactly 128 rows (four queries at 32 heads per kv head) two 64-row tiles
+/// stay: one 128-row tile there ran the decode kernel no faster and left twice the pieces to combine.
+inline int64_t decode_tma_block_m(const AttentionParams& p) {
+  const int64_t block_m = decode_block_m(p);
+  return block_m == 64 && p.seqlen_q * (p.heads / p.heads_kv) > 128 ? 128 : block_m;
+}
 /// \brief Blocks of the TMA decode kernel that fit one SM's 228 KB of shared memory at most, by
 /// tile height: two of 16 and 32 rows, one of 64 (16 KB of Q, 96 KB of K/V stages and the 1 KB
-/// alignment slack, twice, pass the SM's limit with the 1 KB each block reserves).
-inline int decode_tma_blocks_per_sm(const AttentionParams& p) { return decode_block_m(p) == 64 ? 1 : 2; }
+/// alignment slack, twice, pass the SM's limit with the 1 KB each block reserves) and of 128.
+inline int decode_tma_blocks_per_sm(const AttentionParams& p) { return decode_tma_block_m(p) >= 64 ? 1 : 2; }
 
 /// \brief The decode kernel with K/V tiles by TMA (sm_90); NotSupported, nothing launched, where
 /// decode_tma_takes(p) is false or TMA cannot describe K or V (the caller then runs launch_decode).
@@ -929,10 +938,11 @@ Status launch_decode_tma(const AttentionParams& p, const DecodeSplit& split, cud
   if (!decode_tma_takes(p))
     return Status::NotSupported("the TMA decode kernel reads dense caches and caches in power-of-two pages of >= 16 "
                                 "keys");
-  const int64_t block_m = decode_block_m(p);
+  const int64_t block_m = decode_tma_block_m(p);
   if (block_m == 16) return launch_decode_kernel<Element, kHeadDim, 16, true>(p, split, stream);
   if (block_m == 32) return launch_decode_kernel<Element, kHeadDim, 32, true>(p, split, stream);
-  return launch_decode_kernel<Element, kHeadDim, 64, true>(p, split, stream);
+  if (block_m == 64) return launch_decode_kernel<Element, kHeadDim, 64, true>(p, split, stream);
+  return launch_decode_kernel<Element, kHeadDim, 128, true>(p, split, stream);
 }
 
 }  // namespace waveboost::cuda
