@@ -567,6 +567,33 @@ def test_probe_table_pairs_trees_sets_and_the_peer():
     assert rows[2] == "| d128 | 1x2048x32x8 | 11.00 | 8.50 (20.0, 8) | 1.294 | 8.50 (19.0) | 1.000 |"
 
 
+def test_probe_table_kernels_and_merge_tables():
+    import os
+    import runpy
+
+    here = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
+    mod = runpy.run_path(os.path.join(here, "probe_table.py"), run_name="wrapper")
+    kern = {"void waveboost::cuda::decode_tma_kernel<A>": 8.0,
+            "void waveboost::cuda::core::combine_many_kernel<B>": 4.0}
+    lines = [{"shape": [1, 32768, 32, 1], "tag": f"{tree}-{r}-d128", "wb_blhd": 15.0,
+              "wb_blhd_kernels": {k: v * f for k, v in kern.items()}}
+             for tree, r, f in (("a", 1, 1.0), ("a", 2, 1.2), ("a", 3, 1.1), ("b", 1, 0.5), ("b", 2, 0.5))]
+    lines.append({"shape": [8, 2048, 32, 8], "tag": "a-1-d128", "wb_blhd": 9.0,  # no combine on either side
+                  "wb_blhd_kernels": {"void waveboost::cuda::decode_tma_kernel<A>": 7.0}})
+    lines.append({"shape": [8, 2048, 32, 8], "tag": "b-1-d128", "wb_blhd": 9.0,
+                  "wb_blhd_kernels": {"void waveboost::cuda::decode_tma_kernel<A>": 6.0}})
+    rows = mod["kernel_table"](lines, "a", "b").splitlines()
+    assert rows[0] == "| set | shape | decode kernel a / b us | combine a / b us |"
+    assert rows[2] == "| d128 | 1x32768x32x1 | 8.80 / 4.00 | 4.40 / 2.00 |"  # medians: 1.1 x and 0.5 x
+    assert rows[3] == "| d128 | 8x2048x32x8 | 7.00 / 6.00 | - |"
+    merge = [{"shape": [2, 1, 16, 4, 128], "parts_dtype": "float32", "tag": f"{t}-{r}", "waveboost": us,
+              "waveboost_pct": pct} for t, r, us, pct in (("a", 1, 10.0, 20.0), ("a", 2, 14.0, 18.0),
+                                                          ("b", 1, 4.0, 60.0), ("b", 2, 6.0, 50.0))]
+    merge.append({"shape": [2, 1, 16, 4, 128], "parts_dtype": "float32", "tag": "torch", "torch": 30.0})
+    rows = mod["merge_table"](merge, "a", "b").splitlines()
+    assert len(rows) == 3 and rows[2] == "| 2x1x16x4x128 | float32 | 12.00 (18.0) | 5.00 (50.0) | 2.400 |"
+
+
 def test_merge_probe_torch_merge_matches_merge_attention_states():
     torch = pytest.importorskip("torch")
     import os
