@@ -131,7 +131,11 @@ def _merge_into(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor,
     ref = torch.where(torch.isneginf(new_lse), torch.zeros_like(new_lse), new_lse)
     w_old = torch.exp(old_lse - ref).transpose(1, 2).unsqueeze(-1)
     w_new = torch.exp(lse - ref).transpose(1, 2).unsqueeze(-1)
-    acc_out[:, rows] = acc_out[:, rows] * w_old + out.to(acc_out.dtype) * w_new
+    # In place on the accumulator's rows (a view): one pass to rescale, one to add the step's output
+    # (read in its own dtype), where the expression form made four temporaries of the accumulator's size.
+    acc_rows = acc_out[:, rows]
+    acc_rows.mul_(w_old)
+    acc_rows.addcmul_(out, w_new)
     acc_lse[:, :, rows] = new_lse
 
 
