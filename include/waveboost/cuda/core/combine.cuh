@@ -130,14 +130,10 @@ __device__ __forceinline__ float4 widen4(const Raw4<T>& bits) {
   }
 }
 
-// Four consecutive elements as floats; kVector: one vector load (load_raw4).
-template <typename T, bool kVector>
-__device__ __forceinline__ float4 load4(const T* p) {
-  if constexpr (kVector) {
-    return widen4<T>(load_raw4(p));
-  } else {
-    return make_float4(load_one(p), load_one(p + 1), load_one(p + 2), load_one(p + 3));
-  }
+// Four consecutive elements as floats, one scalar load each (layouts without vector alignment).
+template <typename T>
+__device__ __forceinline__ float4 load4_scalar(const T* p) {
+  return make_float4(load_one(p), load_one(p + 1), load_one(p + 2), load_one(p + 3));
 }
 
 template <typename T>
@@ -337,7 +333,7 @@ __device__ __forceinline__ void add_parts(const CombineParams& p, const CombineR
   } else {
 #pragma unroll
     for (int u = 0; u < kIn; ++u)
-      o[u] = active && w[u] != 0.f ? load4<PartT, kVector>(parts + (s0 + u) * p.part_stride + d)
+      o[u] = active && w[u] != 0.f ? load4_scalar(parts + (s0 + u) * p.part_stride + d)
                                    : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 #pragma unroll
